@@ -1,0 +1,202 @@
+"""Hindsight settings, read from the environment.
+
+With nothing set, the embedded default runs everything on one machine with Python alone: SQLite
+under ``var/`` and ingest tasks in-process. Set ``DATABASE_URL`` (PostgreSQL) and
+``CELERY_BROKER_URL`` (Redis) for production. ``.env.example`` documents every variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), not {value!r}")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}") from None
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+# The embedded default gets a per-checkout key so that sessions survive restarts; production sets
+# SECRET_KEY explicitly.
+DATA_DIR = Path(env_str("HINDSIGHT_DATA_DIR", str(BASE_DIR / "var")))
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    key_file = DATA_DIR / "secret_key"
+    if key_file.exists():
+        SECRET_KEY = key_file.read_text().strip()
+    else:
+        import secrets
+
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        SECRET_KEY = secrets.token_urlsafe(50)
+        key_file.write_text(SECRET_KEY)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+# Absolute links in API answers and `ingest --json` use this base when there is no request.
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "incidents",
+    "timelines",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "hindsight.urls"
+WSGI_APPLICATION = "hindsight.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://…)")
+else:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "hindsight.sqlite3",
+            # WAL lets the page read while an in-process ingest thread writes; IMMEDIATE avoids
+            # the deadlock-prone lock upgrade of deferred transactions.
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "incidents:list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+if DEBUG:
+    STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
+WHITENOISE_USE_FINDERS = True
+
+# Uploaded files wait here until a worker has ingested them; web and worker must share it.
+UPLOAD_DIR = Path(env_str("HINDSIGHT_UPLOAD_DIR", str(DATA_DIR / "uploads")))
+MAX_UPLOAD_BYTES = env_int("HINDSIGHT_MAX_UPLOAD_BYTES", 2 * 1024**3)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2  # larger request bodies stream to a temporary file
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
+FILE_UPLOAD_TEMP_DIR = None
+
+# Redaction: on by default. Extra dotted JSON paths (``*`` matches one key or list item), e.g.
+# ``requestObject.spec.template.spec.containers.*.env.*.value``.
+REDACT = env_bool("HINDSIGHT_REDACT", True)
+REDACT_EXTRA_PATHS = env_list("HINDSIGHT_REDACT_PATHS")
+
+# Celery. Without a broker the embedded default runs ingest in a thread of the same process.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = env_int("HINDSIGHT_TASK_TIME_LIMIT", 6 * 3600)
+CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 60
+# With acks_late, a task that outlives the visibility timeout is delivered again; keep it above
+# the time limit so only a lost worker causes redelivery.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT + 600}
+CELERY_BEAT_SCHEDULE = {
+    "requeue-stale-uploads": {"task": "timelines.tasks.requeue_stale_uploads", "schedule": 60.0},
+}
+# An upload whose worker has not reported progress for this long is taken to be lost.
+UPLOAD_STALE_SECONDS = env_int("HINDSIGHT_UPLOAD_STALE_SECONDS", 300)
+UPLOAD_MAX_ATTEMPTS = env_int("HINDSIGHT_UPLOAD_MAX_ATTEMPTS", 3)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "incidents.auth.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

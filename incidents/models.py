@@ -1,0 +1,155 @@
+"""The case file: teams, incidents, uploads and API tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        VIEWER = "viewer"
+        EDITOR = "editor"  # may upload, annotate and share
+        ADMIN = "admin"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.EDITOR)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_membership")]
+
+
+class IncidentQuerySet(models.QuerySet):
+    def visible_to(self, user) -> IncidentQuerySet:
+        """Incidents of the user's teams; superusers see every incident, including those made
+        without a team."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_superuser:
+            return self
+        return self.filter(team__memberships__user=user).distinct()
+
+
+class Incident(models.Model):
+    title = models.CharField(max_length=300)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT,
+                             related_name="incidents")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = IncidentQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.title
+
+    def get_absolute_url(self) -> str:
+        return reverse("incidents:detail", args=[self.pk])
+
+
+class Upload(models.Model):
+    """One file given to Hindsight, and what became of it. The row is what the user watches."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="uploads")
+    name = models.CharField(max_length=500)
+    # Where the file waits for a worker; emptied once ingested (the redacted events are kept,
+    # not the original with its secrets).
+    path = models.CharField(max_length=1000, blank=True)
+    # True when ``path`` is Hindsight's own copy (browser and API uploads), deleted after ingest;
+    # False for files that ``manage.py ingest`` reads in place.
+    path_is_copy = models.BooleanField(default=True)
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                    on_delete=models.SET_NULL, related_name="+")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    bytes_total = models.BigIntegerField(default=0)
+    bytes_read = models.BigIntegerField(default=0)
+    events = models.BigIntegerField(default=0)  # requests parsed from the file
+    new_events = models.BigIntegerField(default=0)  # of which were not in the incident yet
+    skipped_lines = models.BigIntegerField(default=0)
+    redacted = models.BigIntegerField(default=0)
+    errors = models.JSONField(default=list, blank=True)  # first "file:line: reason" entries
+    message = models.TextField(blank=True)  # why it failed
+    attempts = models.PositiveIntegerField(default=0)
+    claimed_by = models.CharField(max_length=100, blank=True)  # the task (or process) ingesting it
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["status", "heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def progress(self) -> float:
+        if self.status == self.Status.DONE:
+            return 1.0
+        if not self.bytes_total:
+            return 0.0
+        return min(1.0, self.bytes_read / self.bytes_total)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (self.Status.DONE, self.Status.FAILED)
+
+
+def hash_token(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer credential for scripts and CI. Only its SHA-256 is stored; the key is shown once."""
+
+    class Scope(models.TextChoices):
+        FULL = "full"
+        UPLOAD = "upload"  # may create uploads and read their status, nothing else
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12)  # shown in lists to tell tokens apart
+    key_hash = models.CharField(max_length=64, unique=True)
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.FULL)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    @classmethod
+    def issue(cls, user, *, name: str = "", scope: str = Scope.FULL,
+              expires_at=None) -> tuple[ApiToken, str]:
+        """Create a token; returns the row and the key, which is not stored anywhere."""
+        key = "hs_" + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, prefix=key[:10], key_hash=hash_token(key),
+                                   scope=scope, expires_at=expires_at)
+        return token, key
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()

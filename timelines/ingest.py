@@ -1,0 +1,339 @@
+"""The ingest pipeline: an upload's file into the event store. The only writer of events.
+
+Shape of a run: the parser streams ``AuditRow``s; batches of them go to a writer thread, which
+compresses their bodies into ``BodyChunk`` rows and merges the rows into ``timelines_event`` on the
+request identity ``(incident, audit_id, received)``. Parsing (Python, GIL) and writing (mostly
+waiting on the database) overlap. On PostgreSQL a batch is COPYed into a temporary staging table
+and merged with one ``INSERT … SELECT … ON CONFLICT`` (COPY itself has no ON CONFLICT); on SQLite
+the same merge runs as ``INSERT … VALUES … ON CONFLICT`` per row.
+
+The merge rule makes ingest idempotent and order-free: an existing row is replaced only by a
+later stage of the same request (an open span by its completion), so ingesting the same content
+again changes nothing and every event keeps its id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from incidents.models import Incident, Upload
+
+from .models import BodyChunk, Event
+from .parsers import AuditRow, InputError, Redactor, Report, parse_audit
+
+log = logging.getLogger(__name__)
+
+BATCH_ROWS = 20_000
+CHUNK_ROWS = 500  # events per compressed body chunk: small enough to read one event quickly
+PROGRESS_SECONDS = 1.0
+
+# Columns the parser fills, in AuditRow order, without ``raw`` (which goes to the body chunks).
+ROW_COLUMNS = [f for f in AuditRow._fields if f != "raw"]
+COLUMNS = ["incident_id", "upload_id", *ROW_COLUMNS, "body_chunk", "body_index"]
+_STAGE_RANK_SQL = ("CASE {0}.stage WHEN 'RequestReceived' THEN 0 WHEN 'ResponseStarted' THEN 1 "
+                   "ELSE 2 END")
+_UPDATE_SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c != "incident_id")
+_MERGE_WHERE = (f"{_STAGE_RANK_SQL.format('timelines_event')} < "
+                f"{_STAGE_RANK_SQL.format('EXCLUDED')}")
+
+
+class TransientError(Exception):
+    """A database or broker failure worth retrying."""
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+def ingest_upload(upload_id: int, claimant: str | None = None) -> Upload | None:
+    """Ingest one upload, start to finish; returns the finished row.
+
+    Claims the row with a compare-and-set so that only one worker ingests it: a pending upload,
+    or one that this same claimant (a retried or redelivered task) or a lost worker (no heartbeat
+    for ``UPLOAD_STALE_SECONDS``) left running. Returns None when the row is gone or another
+    worker holds it. Database errors propagate for the caller to retry; bad input is an outcome
+    (``failed`` with a message), never an exception.
+    """
+    claimant = claimant or f"local-{uuid.uuid4()}"
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
+    claimed = Upload.objects.filter(
+        Q(status=Upload.Status.PENDING)
+        | Q(status=Upload.Status.RUNNING) & (Q(claimed_by=claimant) | Q(heartbeat_at__lt=stale)),
+        pk=upload_id,
+    ).update(status=Upload.Status.RUNNING, claimed_by=claimant, started_at=now,
+             heartbeat_at=now, attempts=F("attempts") + 1, message="")
+    if not claimed:
+        return None
+    upload = Upload.objects.filter(pk=upload_id).first()
+    if upload is None:
+        return None
+    try:
+        _run(upload)
+    except Exception:
+        # Leave the row claimable by the retry (same claimant) and let the caller decide.
+        Upload.objects.filter(pk=upload_id, claimed_by=claimant).update(heartbeat_at=None)
+        raise
+    return Upload.objects.filter(pk=upload_id).first()
+
+
+def fail_upload(upload_id: int, message: str) -> None:
+    Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
+        status=Upload.Status.FAILED, message=message, finished_at=timezone.now())
+
+
+def delete_incident_events(incident: Incident) -> None:
+    """Remove an incident's evidence in bulk (the event table has no cascading foreign keys)."""
+    Event.objects.filter(incident=incident)._raw_delete(Event.objects.db)
+    BodyChunk.objects.filter(incident=incident)._raw_delete(BodyChunk.objects.db)
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+def _run(upload: Upload) -> None:
+    path = Path(upload.path)
+    if not path.is_file():
+        _finish(upload, Upload.Status.FAILED, Report(upload.name),
+                message=f"{upload.name}: the uploaded file is no longer on disk")
+        return
+    total = path.stat().st_size
+    Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, events=0)
+    report = Report(upload.name)
+    redactor = Redactor(settings.REDACT_EXTRA_PATHS, enabled=settings.REDACT)
+    progress = _Progress(upload.pk, report)
+    # A writer thread has its own connection, which cannot see rows of a transaction that the
+    # caller holds open (tests, nested use): then write inline.
+    writer = _BatchWriter(upload.incident_id, upload.pk, threaded=not connection.in_atomic_block)
+    writer.start()
+    try:
+        with path.open("rb") as handle:
+            batch: list[AuditRow] = []
+            for row in parse_audit(handle, report, redactor, progress=progress.parsed):
+                batch.append(row)
+                if len(batch) >= BATCH_ROWS:
+                    writer.put(batch)
+                    batch = []
+            if batch:
+                writer.put(batch)
+        writer.finish()
+    except InputError as exc:
+        writer.finish()
+        _finish(upload, Upload.Status.FAILED, report, message=str(exc),
+                rows=progress.rows, new=writer.new_rows)
+        return
+    except BaseException:
+        writer.abandon()
+        raise
+    progress.parsed(total, progress.rows)
+    _finish(upload, Upload.Status.DONE, report, rows=progress.rows, new=writer.new_rows,
+            bytes_read=total)
+
+
+def _finish(upload: Upload, status: str, report: Report, *, message: str = "", rows: int = 0,
+            new: int = 0, bytes_read: int | None = None) -> None:
+    fields = dict(status=status, message=message, events=rows, new_events=new,
+                  skipped_lines=report.skipped, redacted=report.redacted,
+                  errors=report.errors, finished_at=timezone.now(), heartbeat_at=timezone.now())
+    if bytes_read is not None:
+        fields["bytes_read"] = bytes_read
+    Upload.objects.filter(pk=upload.pk).update(**fields)
+    if upload.path_is_copy and upload.path:
+        # The original may hold secrets; what is kept is the redacted evidence in the store.
+        Path(upload.path).unlink(missing_ok=True)
+        Upload.objects.filter(pk=upload.pk).update(path="")
+
+
+class _Progress:
+    """Writes bytes read and rows so far to the upload row, at most once a second."""
+
+    def __init__(self, upload_id: int, report: Report) -> None:
+        self.upload_id = upload_id
+        self.report = report
+        self.rows = 0
+        self.last = 0.0
+
+    def parsed(self, bytes_read: int, rows: int) -> None:
+        self.rows = rows
+        now = time.monotonic()
+        if now - self.last < PROGRESS_SECONDS:
+            return
+        self.last = now
+        Upload.objects.filter(pk=self.upload_id).update(
+            bytes_read=bytes_read, events=rows, skipped_lines=self.report.skipped,
+            redacted=self.report.redacted, heartbeat_at=timezone.now())
+
+
+class _BatchWriter:
+    """Writes batches in a thread of its own, so that the parser keeps going meanwhile.
+
+    At most two batches wait in the queue, which bounds memory. An error in the thread is raised
+    again in the caller at the next ``put`` or at ``finish``.
+    """
+
+    def __init__(self, incident_id: int, upload_id: int, threaded: bool = True) -> None:
+        self.threaded = threaded
+        self.incident_id = incident_id
+        self.upload_id = upload_id
+        self.queue: queue.Queue[list[AuditRow] | None] = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+        self.new_rows = 0
+        self.thread = threading.Thread(target=self._loop, name="hindsight-writer", daemon=True)
+
+    def start(self) -> None:
+        if self.threaded:
+            self.thread.start()
+
+    def put(self, batch: list[AuditRow]) -> None:
+        if not self.threaded:
+            self.new_rows += write_rows(self.incident_id, self.upload_id, batch)
+            return
+        while True:
+            if self.error is not None:
+                raise self.error
+            try:
+                self.queue.put(batch, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def finish(self) -> None:
+        if not self.threaded:
+            return
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def abandon(self) -> None:
+        if not self.threaded:
+            return
+        try:
+            self.queue.put_nowait(None)
+        except queue.Full:
+            pass
+
+    def _loop(self) -> None:
+        try:
+            while (batch := self.queue.get()) is not None:
+                if self.error is None:
+                    self.new_rows += write_rows(self.incident_id, self.upload_id, batch)
+        except BaseException as exc:  # reported to the parsing thread
+            self.error = exc
+            while self.queue.get() is not None:  # drain so that put() never blocks forever
+                pass
+        finally:
+            close_old_connections()
+            connection.close()
+
+
+# --- the merge ---------------------------------------------------------------------------------
+
+def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow]) -> int:
+    """Merge rows into the store in one transaction; returns how many were new requests."""
+    with transaction.atomic():
+        chunk_ids = _write_chunks(incident_id, upload_id, rows)
+        if connection.vendor == "postgresql":
+            return _merge_postgres(incident_id, upload_id, rows, chunk_ids)
+        return _merge_generic(incident_id, upload_id, rows, chunk_ids)
+
+
+def _write_chunks(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow]) -> list[int]:
+    ids = []
+    for start in range(0, len(rows), CHUNK_ROWS):
+        data = zlib.compress(b"\n".join(r.raw for r in rows[start:start + CHUNK_ROWS]), 1)
+        ids.append(BodyChunk.objects.create(incident_id=incident_id, upload_id=upload_id,
+                                            data=data).pk)
+    return ids
+
+
+def _values(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow],
+            chunk_ids: list[int], adapt_time: Callable, adapt_list: Callable) -> Iterable[tuple]:
+    for index, row in enumerate(rows):
+        yield (incident_id, upload_id, row.audit_id, adapt_time(row.received),
+               adapt_time(row.completed) if row.completed is not None else None,
+               row.duration_ms, row.verb, row.username, adapt_list(row.groups),
+               row.impersonated_user, row.user_agent, row.source_ip, row.resource,
+               row.subresource, row.namespace, row.name, row.api_group, row.api_version,
+               row.object_uid, row.resource_version, row.code, row.level, row.stage,
+               row.request_uri, orjson.dumps(row.annotations).decode(), row.source, row.line,
+               chunk_ids[index // CHUNK_ROWS], index % CHUNK_ROWS)
+
+
+_STAGE_TABLE = "hindsight_stage"
+
+
+def _merge_postgres(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow],
+                    chunk_ids: list[int]) -> int:
+    columns = ", ".join(COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE_TABLE} ON COMMIT DELETE ROWS AS "
+                       f"SELECT {columns} FROM timelines_event WITH NO DATA")
+        # Losing the last moments of an ingest to a crash is harmless (it is re-run and
+        # idempotent), so do not wait for the WAL flush on every batch.
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        with cursor.copy(f"COPY {_STAGE_TABLE} ({columns}) FROM STDIN") as copy:
+            for values in _values(incident_id, upload_id, rows, chunk_ids, _same, _same):
+                copy.write_row(values)
+        cursor.execute(
+            f"WITH merged AS ("
+            f" INSERT INTO timelines_event ({columns})"
+            f" SELECT DISTINCT ON (audit_id, received) {columns} FROM {_STAGE_TABLE}"
+            f" ORDER BY audit_id, received, {_STAGE_RANK_SQL.format(_STAGE_TABLE)} DESC"
+            f" ON CONFLICT (incident_id, audit_id, received) DO UPDATE SET {_UPDATE_SET}"
+            f" WHERE {_MERGE_WHERE}"
+            f" RETURNING (xmax = 0) AS inserted, body_chunk)"
+            f" SELECT count(*) FILTER (WHERE inserted), array_agg(DISTINCT body_chunk) FROM merged"
+        )
+        new, used = cursor.fetchone()
+        unused = sorted(set(chunk_ids) - set(used or ()))
+        if unused:
+            cursor.execute("DELETE FROM timelines_bodychunk WHERE id = ANY(%s)", [unused])
+        return new
+
+
+def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow],
+                   chunk_ids: list[int]) -> int:
+    """The SQLite path: same merge rule, row by row. Simpler and slower, correct."""
+    columns = ", ".join(COLUMNS)
+    placeholders = ", ".join(["%s"] * len(COLUMNS))
+    ops = connection.ops
+    before = Event.objects.filter(incident_id=incident_id).count()
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO timelines_event ({columns}) VALUES ({placeholders})"
+            f" ON CONFLICT (incident_id, audit_id, received) DO UPDATE SET {_UPDATE_SET}"
+            f" WHERE {_MERGE_WHERE}",
+            list(_values(incident_id, upload_id, rows, chunk_ids,
+                         ops.adapt_datetimefield_value, lambda v: orjson.dumps(v).decode())),
+        )
+    BodyChunk.objects.filter(pk__in=chunk_ids).exclude(
+        pk__in=Event.objects.filter(incident_id=incident_id, body_chunk__in=chunk_ids)
+        .values("body_chunk")).delete()
+    return Event.objects.filter(incident_id=incident_id).count() - before
+
+
+def _same(value):
+    return value
+
+
+# --- for manage.py ingest and tests ------------------------------------------------------------
+
+def create_local_upload(incident: Incident, path: str | os.PathLike, user=None) -> Upload:
+    """An upload row for a file read in place (not copied, not deleted afterwards)."""
+    path = Path(path)
+    return Upload.objects.create(incident=incident, name=path.name, path=str(path.resolve()),
+                                 path_is_copy=False, uploaded_by=user,
+                                 bytes_total=path.stat().st_size if path.is_file() else 0)

@@ -1,0 +1,93 @@
+"""The event store.
+
+One ``Event`` row per request, with a column for everything users filter on. The full redacted
+event (request and response objects included) lives in ``BodyChunk``: a few hundred events'
+JSON lines compressed together, referenced by ``(body_chunk, body_index)``. Keeping bodies out of
+the row keeps the row narrow, which is what makes bulk ingest fast (see README, Architecture).
+
+``timelines.ingest`` is the only writer of both tables.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import orjson
+from django.db import models
+
+from incidents.models import Incident, Upload
+
+from .fields import StringListField
+
+
+class BodyChunk(models.Model):
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="+")
+    upload = models.ForeignKey(Upload, null=True, on_delete=models.SET_NULL, related_name="+")
+    # zlib-compressed JSON lines, one redacted audit event per line.
+    data = models.BinaryField()
+
+    def lines(self) -> list[bytes]:
+        return zlib.decompress(bytes(self.data)).split(b"\n")
+
+
+class Event(models.Model):
+    # No database-level foreign keys on the hot table: a per-row RI check would cost ingest speed
+    # and incidents are deleted through ``timelines.ingest.delete_incident_events`` in bulk.
+    incident = models.ForeignKey(Incident, on_delete=models.DO_NOTHING, db_constraint=False,
+                                 related_name="events")
+    upload = models.ForeignKey(Upload, null=True, on_delete=models.DO_NOTHING,
+                               db_constraint=False, related_name="+")
+    audit_id = models.TextField()
+    received = models.DateTimeField()
+    completed = models.DateTimeField(null=True)  # None: the request never completed (open span)
+    duration_ms = models.FloatField(null=True)
+    verb = models.TextField(default="")
+    username = models.TextField(default="")
+    groups = StringListField(default=list)
+    impersonated_user = models.TextField(default="")
+    user_agent = models.TextField(default="")
+    source_ip = models.TextField(default="")
+    resource = models.TextField(default="")
+    subresource = models.TextField(default="")
+    namespace = models.TextField(default="")
+    name = models.TextField(default="")
+    api_group = models.TextField(default="")
+    api_version = models.TextField(default="")
+    object_uid = models.TextField(default="")
+    resource_version = models.TextField(default="")
+    code = models.IntegerField(null=True)
+    level = models.TextField(default="")
+    stage = models.TextField(default="")  # the last stage seen
+    request_uri = models.TextField(default="")
+    annotations = models.JSONField(default=dict)
+    source = models.TextField(default="")  # file the final stage came from
+    line = models.IntegerField(default=0)  # and its line there
+    body_chunk = models.BigIntegerField(null=True)
+    body_index = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["incident", "audit_id", "received"],
+                                    name="event_request_identity"),
+        ]
+        indexes = [
+            models.Index(fields=["incident", "received", "id"], name="event_time"),
+            models.Index(fields=["incident", "resource", "namespace", "name", "received"],
+                         name="event_object"),
+            models.Index(fields=["incident", "username", "received"], name="event_actor"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.verb} {self.resource}/{self.name} by {self.username}"
+
+    def body(self) -> dict | None:
+        """The stored (redacted) audit event, or None if the body is not available."""
+        if self.body_chunk is None:
+            return None
+        chunk = BodyChunk.objects.filter(pk=self.body_chunk).only("data").first()
+        if chunk is None:
+            return None
+        lines = chunk.lines()
+        if self.body_index >= len(lines):
+            return None
+        return orjson.loads(lines[self.body_index])

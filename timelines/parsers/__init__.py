@@ -1,0 +1,7 @@
+"""Parsers: pure functions from bytes to rows, one module per format. No Django imports."""
+
+from .audit import AuditRow, parse_audit, sniff as sniff_audit
+from .base import InputError, Report
+from .redact import MARKER, Redactor
+
+__all__ = ["AuditRow", "InputError", "MARKER", "Redactor", "Report", "parse_audit", "sniff_audit"]

@@ -1,0 +1,311 @@
+"""kube-apiserver audit logs (``audit.k8s.io`` v1, v1beta1, v1alpha1) into one row per request.
+
+Input: JSON lines (the log backend), lines holding webhook batches (``{"kind":"EventList"}``),
+or one JSON document (a single Event, an EventList, or a JSON array of Events), gzipped or not.
+
+The stages of a request (RequestReceived, ResponseStarted, ResponseComplete, Panic) collapse into
+one row keyed by ``(auditID, received)``: clients can set their own Audit-ID, so the ID alone is
+not an identity. ``received`` is requestReceivedTimestamp, or for the earliest v1beta1 logs the
+``timestamp`` field, which there is the same on every stage. A request whose final stage is not in
+this file is emitted at the end as an open span (``completed`` None); the store merges it with the
+rest of the request when that arrives from another file.
+
+Memory is bounded by the requests in flight, not by the file: a row leaves the pending table as
+soon as its final stage is seen.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, BinaryIO, Iterator, NamedTuple
+
+import orjson
+
+from .base import InputError, Report, open_lines
+from .redact import Redactor
+
+FINAL_STAGES = frozenset(("ResponseComplete", "Panic"))
+STAGE_RANK = {"RequestReceived": 0, "ResponseStarted": 1, "ResponseComplete": 2, "Panic": 2}
+# A whole-document file (pretty-printed Event or EventList) is read into memory; bigger documents
+# are not audit logs as the apiserver writes them.
+MAX_DOCUMENT_BYTES = 512 * 1024**2
+BOM = b"\xef\xbb\xbf"
+
+
+class AuditRow(NamedTuple):
+    """One request. Field order is the store's column order for bulk writes."""
+
+    audit_id: str
+    received: datetime
+    completed: datetime | None
+    duration_ms: float | None
+    verb: str
+    username: str
+    groups: list[str]
+    impersonated_user: str
+    user_agent: str
+    source_ip: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    api_group: str
+    api_version: str
+    object_uid: str
+    resource_version: str
+    code: int | None
+    level: str
+    stage: str
+    request_uri: str
+    annotations: dict[str, str]
+    source: str
+    line: int
+    raw: bytes  # the final stage's event as JSON, redacted
+
+
+def sniff(head: bytes) -> bool:
+    """True if the first bytes of a (decompressed) file look like audit events."""
+    return b'"auditID"' in head and (b"audit.k8s.io" in head or b'"stage"' in head)
+
+
+def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
+                progress=None) -> Iterator[AuditRow]:
+    """Yield one ``AuditRow`` per request found in ``raw``.
+
+    Bad lines are skipped and recorded on ``report`` as ``source:line: reason``; they never stop
+    the file. ``progress(bytes_read, rows)`` is called every 4096 lines. Raises ``InputError``
+    when the file holds no audit event at all.
+    """
+    redactor = redactor or Redactor()
+    lines, counter = open_lines(raw, report)
+    pending: dict[tuple[str, str], tuple[int, dict[str, Any], bytes, int]] = {}
+    seen_events = 0
+    rows = 0
+    source = report.source
+    document: list[bytes] | None = None
+
+    for number, line in enumerate(lines, start=1):
+        if number == 1 and line.startswith(BOM):
+            line = line[len(BOM):]
+        if document is not None:
+            document.append(line)
+            continue
+        stripped = line.strip()
+        if not stripped:
+            continue
+        try:
+            value = orjson.loads(stripped)
+        except orjson.JSONDecodeError as exc:
+            if seen_events == 0 and report.skipped == 0 and _opens_document(stripped):
+                # Maybe a pretty-printed document rather than JSON lines: read it whole.
+                document = [line]
+                continue
+            report.skip(number, _json_reason(stripped, exc))
+            continue
+        for event in _events_in(value):
+            error = _check(event)
+            if error:
+                report.skip(number, error)
+                continue
+            seen_events += 1
+            own_line = stripped if value is event else None  # else re-serialised when stored
+            for row in _collapse(event, own_line, number, pending, source, report, redactor):
+                rows += 1
+                yield row
+        if progress is not None and number % 4096 == 0:
+            progress(counter.count, rows)
+
+    if document is not None:
+        text = b"".join(document)
+        if len(text) > MAX_DOCUMENT_BYTES:
+            raise InputError(f"{source}: a JSON document over {MAX_DOCUMENT_BYTES} bytes")
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            # Not a document either: judge it line by line after all, so good lines survive.
+            value = None
+            for row in _reparse_lines(text, report, redactor, pending):
+                rows += 1
+                yield row
+        if value is not None:
+            for event in _events_in(value):
+                error = _check(event)
+                if error:
+                    report.skip(1, error)
+                    continue
+                for row in _collapse(event, None, 1, pending, source, report, redactor):
+                    rows += 1
+                    yield row
+
+    # Requests whose final stage is not in this file: open spans (or merged later in the store).
+    for _rank, event, line_bytes, number in pending.values():
+        row = _row(event, line_bytes, number, source, report, redactor)
+        if row is not None:
+            rows += 1
+            yield row
+    pending.clear()
+    if progress is not None:
+        progress(counter.count, rows)
+    if rows == 0:
+        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
+        raise InputError(f"{source}: no kube-apiserver audit events found{reasons}")
+
+
+def _reparse_lines(text: bytes, report: Report, redactor: Redactor,
+                   pending: dict) -> Iterator[AuditRow]:
+    for number, line in enumerate(text.split(b"\n"), start=1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        try:
+            value = orjson.loads(stripped)
+        except orjson.JSONDecodeError as exc:
+            report.skip(number, _json_reason(stripped, exc))
+            continue
+        for event in _events_in(value):
+            error = _check(event)
+            if error:
+                report.skip(number, error)
+                continue
+            yield from _collapse(event, None, number, pending, report.source, report, redactor)
+
+
+def _opens_document(line: bytes) -> bool:
+    """A first line that a pretty-printed JSON document would start with."""
+    return line in (b"{", b"[") or line.endswith((b"{", b"[", b","))
+
+
+def _json_reason(line: bytes, exc: Exception) -> str:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not valid UTF-8"
+    return f"malformed JSON ({str(exc).splitlines()[0][:120]})"
+
+
+def _events_in(value: Any) -> list[Any]:
+    if isinstance(value, dict) and value.get("kind") == "EventList":
+        items = value.get("items")
+        return items if isinstance(items, list) else [value]
+    if isinstance(value, list):
+        return value
+    return [value]
+
+
+def _check(event: Any) -> str | None:
+    if not isinstance(event, dict):
+        return "not an audit event (not a JSON object)"
+    kind = event.get("kind")
+    api_version = event.get("apiVersion")
+    if kind not in (None, "Event") or (
+        api_version is not None and not str(api_version).startswith("audit.k8s.io/")
+    ):
+        return f"not an audit event (kind {kind!r}, apiVersion {api_version!r})"
+    if not isinstance(event.get("auditID"), str) or not event["auditID"]:
+        return "audit event without auditID"
+    if not isinstance(event.get("stage"), str):
+        return "audit event without stage"
+    if not (event.get("requestReceivedTimestamp") or event.get("timestamp")):
+        return "audit event without requestReceivedTimestamp or timestamp"
+    return None
+
+
+def _collapse(event: dict[str, Any], line_bytes: bytes | None, number: int,
+              pending: dict, source: str, report: Report,
+              redactor: Redactor) -> Iterator[AuditRow]:
+    received = event.get("requestReceivedTimestamp") or event.get("timestamp")
+    key = (event["auditID"], received)
+    stage = event["stage"]
+    if stage in FINAL_STAGES:
+        pending.pop(key, None)
+        row = _row(event, line_bytes, number, source, report, redactor)
+        if row is not None:
+            yield row
+        return
+    rank = STAGE_RANK.get(stage, 0)
+    previous = pending.get(key)
+    if previous is None or previous[0] <= rank:
+        pending[key] = (rank, event, line_bytes, number)
+
+
+def _parse_time(value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise ValueError(f"timestamp {value!r} is not a string")
+    text = value.strip()
+    # fromisoformat takes at most microseconds; apiservers write micro, some exporters nano.
+    if "." in text:
+        head, _, tail = text.partition(".")
+        digits = len(tail) - len(tail.lstrip("0123456789"))
+        if digits > 6:
+            text = f"{head}.{tail[:6]}{tail[digits:]}"
+    parsed = datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed
+
+
+def _row(event: dict[str, Any], line_bytes: bytes | None, number: int, source: str,
+         report: Report, redactor: Redactor) -> AuditRow | None:
+    """The row for a request's last seen stage, or None (recorded on ``report``) when a field
+    has the wrong shape."""
+    try:
+        return _build_row(event, line_bytes, number, source, report, redactor)
+    except (ValueError, TypeError, AttributeError, IndexError) as exc:
+        report.skip(number, f"audit event with a malformed field ({exc})")
+        return None
+
+
+def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, source: str,
+               report: Report, redactor: Redactor) -> AuditRow:
+    if line_bytes is None or redactor.needs_walk(line_bytes):
+        replaced = redactor.redact_event(event)
+        if replaced or line_bytes is None:
+            report.redacted += replaced
+            line_bytes = orjson.dumps(event)
+    stage = event["stage"]
+    received = _parse_time(event.get("requestReceivedTimestamp") or event.get("timestamp"))
+    completed = duration = None
+    if stage in FINAL_STAGES:
+        stage_time = event.get("stageTimestamp") or (event.get("metadata") or {}).get(
+            "creationTimestamp") or event.get("timestamp")
+        completed = _parse_time(stage_time)
+        duration = (completed - received).total_seconds() * 1000.0
+    user = event.get("user") or {}
+    impersonated = event.get("impersonatedUser") or {}
+    ref = event.get("objectRef") or {}
+    api_group = ref.get("apiGroup") or ""
+    api_version = ref.get("apiVersion") or ""
+    if not api_group and "/" in api_version:  # v1alpha1: objectRef.apiVersion is group/version
+        api_group, _, api_version = api_version.rpartition("/")
+    status = event.get("responseStatus") or {}
+    code = status.get("code")
+    source_ips = event.get("sourceIPs") or [""]
+    annotations = event.get("annotations") or {}
+    return AuditRow(
+        event["auditID"],
+        received,
+        completed,
+        duration,
+        event.get("verb") or "",
+        user.get("username") or "",
+        [g for g in user.get("groups") or () if isinstance(g, str)],
+        impersonated.get("username") or "",
+        event.get("userAgent") or "",
+        source_ips[0] if isinstance(source_ips[0], str) else "",
+        ref.get("resource") or "",
+        ref.get("subresource") or "",
+        ref.get("namespace") or "",
+        ref.get("name") or "",
+        api_group,
+        api_version,
+        ref.get("uid") or "",
+        ref.get("resourceVersion") or "",
+        code if isinstance(code, int) else None,
+        event.get("level") or "",
+        stage,
+        event.get("requestURI") or "",
+        annotations if isinstance(annotations, dict) else {},
+        source,
+        number,
+        line_bytes,
+    )

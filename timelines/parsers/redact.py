@@ -1,0 +1,226 @@
+"""Redaction of secrets in audit events, applied before anything is stored.
+
+What is replaced by ``MARKER`` (values only; keys and structure stay so that diffs still show
+*that* something changed):
+- Secret ``data``/``stringData`` values, in single objects and in list items;
+- the copy of an object inside its ``kubectl.kubernetes.io/last-applied-configuration``
+  annotation (parsed, redacted like the object itself, written back);
+- ConfigMap values under keys that look like credentials, and ``key = value`` / ``key: value``
+  lines inside ConfigMap values whose key looks like a credential;
+- TokenReview ``spec.token``, TokenRequest ``status.token``, OpenShift Route ``spec.tls.key``;
+- bearer tokens, basic credentials and JWTs in any string; ``access_token``-style query values in
+  ``requestURI``;
+- extra dotted paths given by configuration (``*`` matches any key or list index).
+
+The common case, an event with nothing secret in it, must stay cheap: ``Redactor.redact`` first
+looks at the raw line with one regular expression and only walks the event when it might hold
+something.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import orjson
+
+MARKER = "[REDACTED]"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+# Keys whose values are credentials ("aws_secret_access_key", "db-password", "apiToken", …).
+SENSITIVE_KEY = re.compile(
+    r"(pass(word|wd|phrase)?|secret|token|credential|private[_.-]?key|api[_.-]?key|"
+    r"access[_.-]?key|auth|cert(ificate)?[_.-]?key|\bkey$|[_.-]key$|dsn|conn(ection)?[_.-]?string)",
+    re.IGNORECASE,
+)
+# One "key = value" or "key: value" line inside a ConfigMap value (properties, env files, YAML).
+ASSIGNMENT_LINE = re.compile(r"^(\s*[\"']?)([\w.\-]+)([\"']?\s*[=:]\s*)(.+?)(\s*)$", re.MULTILINE)
+JWT = re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")
+AUTH_HEADER = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
+URI_SECRET = re.compile(
+    r"([?&](?:access_token|id_token|refresh_token|token|password|client_secret|code|sig|signature)=)"
+    r"[^&#]*",
+    re.IGNORECASE,
+)
+# A quick look at the raw line decides whether the walk is needed at all.
+SUSPECT = re.compile(
+    rb'eyJ|[Bb]earer |[Bb]asic |token|"secrets"|"configmaps"|"tokenreviews"|"routes"|'
+    rb"last-applied-configuration|password|passwd|secret|credential|_key|-key|apikey|api_key",
+    re.IGNORECASE,
+)
+
+
+class Redactor:
+    """Replaces secrets in parsed audit events in place and counts what it replaced."""
+
+    def __init__(self, extra_paths: Iterable[str] = (), enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.extra_paths = [path.split(".") for path in extra_paths if path]
+
+    def needs_walk(self, raw_line: bytes) -> bool:
+        return self.enabled and (bool(self.extra_paths) or SUSPECT.search(raw_line) is not None)
+
+    def redact_event(self, event: dict[str, Any]) -> int:
+        """Redact one audit event in place; returns the number of values replaced."""
+        if not self.enabled:
+            return 0
+        count = 0
+        uri = event.get("requestURI")
+        if isinstance(uri, str) and "=" in uri:
+            new_uri, n = URI_SECRET.subn(lambda m: m.group(1) + MARKER, uri)
+            if n:
+                event["requestURI"] = new_uri
+                count += n
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource") if isinstance(ref, dict) else None
+        subresource = ref.get("subresource") if isinstance(ref, dict) else None
+        for key in ("requestObject", "responseObject"):
+            obj = event.get(key)
+            if isinstance(obj, (dict, list)):
+                count += redact_object(obj, resource, subresource)
+        for path in self.extra_paths:
+            count += _redact_path(event, path)
+        # Finally any string anywhere (user.extra, annotations, messages) that carries a token.
+        count += _redact_strings(event)
+        return count
+
+
+def redact_object(
+    obj: Any, resource: str | None = None, subresource: str | None = None, kind: Any = None
+) -> int:
+    """Redact a Kubernetes object (or list, or patch body) in place; returns values replaced.
+
+    ``kind`` stands in when the object has none (list items, patch bodies of a known resource).
+    """
+    if isinstance(obj, list):
+        return sum(redact_object(item, resource, subresource, kind) for item in obj)
+    if not isinstance(obj, dict):
+        return 0
+    kind = obj.get("kind") or kind or _KIND_BY_RESOURCE.get(resource or "")
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(obj.get("items"), list):
+        return redact_object(obj["items"], None, None, kind[: -len("List")])
+    count = _redact_by_kind(obj, kind, subresource)
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        annotations = metadata.get("annotations")
+        if isinstance(annotations, dict) and isinstance(annotations.get(LAST_APPLIED), str):
+            try:
+                applied = orjson.loads(annotations[LAST_APPLIED])
+            except orjson.JSONDecodeError:
+                applied = None
+            if isinstance(applied, dict):
+                inner = redact_object(applied, resource, subresource, kind)
+                if inner:
+                    annotations[LAST_APPLIED] = orjson.dumps(applied).decode()
+                    count += inner
+    return count
+
+
+_KIND_BY_RESOURCE = {
+    "secrets": "Secret",
+    "configmaps": "ConfigMap",
+    "tokenreviews": "TokenReview",
+    "routes": "Route",
+}
+
+
+def _redact_by_kind(obj: dict[str, Any], kind: Any, subresource: str | None = None) -> int:
+    count = 0
+    if kind == "Secret":
+        for field in ("data", "stringData"):
+            values = obj.get(field)
+            if isinstance(values, dict):
+                for key, value in values.items():
+                    if value not in (None, "", MARKER):
+                        values[key] = MARKER
+                        count += 1
+    elif kind == "ConfigMap":
+        for field in ("data", "binaryData"):
+            values = obj.get(field)
+            if isinstance(values, dict):
+                for key, value in list(values.items()):
+                    if not isinstance(value, str) or value in ("", MARKER):
+                        continue
+                    if SENSITIVE_KEY.search(key):
+                        values[key] = MARKER
+                        count += 1
+                    elif "\n" in value or "=" in value or ":" in value:
+                        new_value, n = _redact_assignments(value)
+                        if n:
+                            values[key] = new_value
+                            count += n
+    elif kind == "TokenReview":
+        count += _replace(obj.get("spec"), "token")
+    elif kind == "TokenRequest" or subresource == "token":
+        count += _replace(obj.get("status"), "token")
+    elif kind == "Route":
+        tls = (obj.get("spec") or {}).get("tls") if isinstance(obj.get("spec"), dict) else None
+        count += _replace(tls, "key")
+    return count
+
+
+def _redact_assignments(text: str) -> tuple[str, int]:
+    count = 0
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal count
+        if SENSITIVE_KEY.search(match.group(2)) and match.group(4) != MARKER:
+            count += 1
+            return match.group(1) + match.group(2) + match.group(3) + MARKER + match.group(5)
+        return match.group(0)
+
+    return ASSIGNMENT_LINE.sub(replace, text), count
+
+
+def _replace(container: Any, key: str) -> int:
+    if isinstance(container, dict) and container.get(key) not in (None, "", MARKER):
+        container[key] = MARKER
+        return 1
+    return 0
+
+
+def _redact_path(node: Any, path: list[str]) -> int:
+    if not path:
+        return 0
+    head, rest = path[0], path[1:]
+    if isinstance(node, dict):
+        keys = list(node.keys()) if head == "*" else ([head] if head in node else [])
+        children = [(node, k) for k in keys]
+    elif isinstance(node, list):
+        if head == "*":
+            children = [(node, i) for i in range(len(node))]
+        elif head.isdigit() and int(head) < len(node):
+            children = [(node, int(head))]
+        else:
+            children = []
+    else:
+        return 0
+    count = 0
+    for container, key in children:
+        if rest:
+            count += _redact_path(container[key], rest)
+        elif container[key] not in (None, "", MARKER):
+            container[key] = MARKER
+            count += 1
+    return count
+
+
+def _redact_strings(node: Any) -> int:
+    count = 0
+    if isinstance(node, dict):
+        items = node.items()
+    elif isinstance(node, list):
+        items = enumerate(node)
+    else:
+        return 0
+    for key, value in list(items):
+        if isinstance(value, str):
+            if "eyJ" in value or "earer " in value or "asic " in value:
+                new_value, n = JWT.subn(MARKER, value)
+                new_value, m = AUTH_HEADER.subn(lambda mt: mt.group(1) + " " + MARKER, new_value)
+                if n or m:
+                    node[key] = new_value
+                    count += n + m
+        elif isinstance(value, (dict, list)):
+            count += _redact_strings(value)
+    return count

@@ -1,0 +1,126 @@
+"""Pages: the incident list and the incident page (uploads with live progress, events table)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, Sum
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from timelines.filters import EventFilterSet
+from timelines.models import Event
+from timelines.tasks import requeue_stale_uploads
+
+from .access import can_upload, get_visible_incident, upload_teams
+from .api import create_upload
+from .models import Incident, Upload
+
+PAGE_ROWS = 100
+FILTER_INPUTS = ["resource", "subresource", "namespace", "name", "user", "impersonated_user",
+                 "verb", "code"]
+
+
+@login_required
+def incident_list(request):
+    incidents = (Incident.objects.visible_to(request.user).select_related("team")
+                 .annotate(upload_count=Count("uploads"), event_count=Sum("uploads__new_events")))
+    return render(request, "incidents/list.html", {
+        "incidents": incidents,
+        "teams": upload_teams(request.user),
+        "max_upload_bytes": settings.MAX_UPLOAD_BYTES,
+    })
+
+
+@login_required
+@require_POST
+def incident_create(request):
+    title = request.POST.get("title", "").strip()
+    files = request.FILES.getlist("file")
+    if not title:
+        messages.error(request, "Give the incident a title.")
+        return redirect("incidents:list")
+    team = None
+    team_id = request.POST.get("team")
+    if team_id:
+        team = upload_teams(request.user).filter(pk=team_id).first()
+        if team is None:
+            raise PermissionDenied("You may not create incidents in that team.")
+    elif not request.user.is_superuser:
+        team = upload_teams(request.user).first()
+        if team is None:
+            raise PermissionDenied("You belong to no team that may create incidents.")
+    incident = Incident.objects.create(title=title[:300], team=team, created_by=request.user)
+    _accept_files(request, incident, files)
+    return redirect(incident)
+
+
+@login_required
+@require_POST
+def upload_create(request, pk):
+    incident = get_visible_incident(request.user, pk)
+    if not can_upload(request.user, incident):
+        raise PermissionDenied("You may not upload to this incident.")
+    _accept_files(request, incident, request.FILES.getlist("file"))
+    return redirect(incident)
+
+
+def _accept_files(request, incident: Incident, files) -> None:
+    for received in files:
+        if received.size > settings.MAX_UPLOAD_BYTES:
+            messages.error(request, f"{received.name}: {received.size} bytes is more than the "
+                                    f"{settings.MAX_UPLOAD_BYTES} bytes this server accepts.")
+            continue
+        create_upload(incident, received, request.user)
+
+
+@login_required
+def incident_detail(request, pk):
+    incident = get_visible_incident(request.user, pk)
+    if not settings.CELERY_BROKER_URL:
+        requeue_stale_uploads()  # embedded mode has no beat to do it
+    uploads = list(incident.uploads.all())
+    filterset = EventFilterSet(request.GET, queryset=Event.objects.filter(incident=incident))
+    events, next_after, error = [], None, None
+    if filterset.is_valid():
+        queryset = filterset.qs.order_by("received", "id")
+        after = _parse_after(request.GET.get("after", ""))
+        if after:
+            queryset = queryset.filter(Q(received__gt=after[0]) |
+                                       Q(received=after[0], id__gt=after[1]))
+        events = list(queryset[:PAGE_ROWS + 1])
+        if len(events) > PAGE_ROWS:
+            events = events[:PAGE_ROWS]
+            last = events[-1]
+            query = request.GET.copy()
+            query["after"] = f"{last.received.isoformat()}|{last.pk}"
+            next_after = query.urlencode()
+    else:
+        error = filterset.errors
+    return render(request, "incidents/detail.html", {
+        "incident": incident,
+        "uploads": uploads,
+        "any_running": any(not u.finished for u in uploads),
+        "can_upload": can_upload(request.user, incident),
+        "filterset": filterset,
+        "filter_error": error,
+        "events": events,
+        "next_query": next_after,
+        "filter_inputs": [(name, request.GET.get(name, "")) for name in FILTER_INPUTS],
+        "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
+    })
+
+
+def _parse_after(value: str):
+    if "|" not in value:
+        return None
+    stamp, _, pk = value.rpartition("|")
+    try:
+        return datetime.fromisoformat(stamp), int(pk)
+    except ValueError:
+        raise Http404("Bad page cursor.") from None

@@ -1,0 +1,49 @@
+// Incident page: live progress of uploads that are still being ingested.
+// Polls each unfinished upload's status URL once a second and updates its row in place.
+(function () {
+  "use strict";
+  const rows = Array.from(document.querySelectorAll("tr[data-upload][data-finished='0']"));
+  if (!rows.length) return;
+
+  function size(bytes) {
+    const units = ["bytes", "KB", "MB", "GB", "TB"];
+    let i = 0;
+    while (bytes >= 1024 && i < units.length - 1) { bytes /= 1024; i++; }
+    return (i ? bytes.toFixed(1) : bytes) + " " + units[i];
+  }
+
+  function set(row, field, text) {
+    const cell = row.querySelector("[data-field='" + field + "']");
+    if (cell) cell.textContent = text;
+  }
+
+  async function poll(row) {
+    let upload;
+    try {
+      const answer = await fetch(row.dataset.statusUrl, {headers: {Accept: "application/json"}, credentials: "same-origin"});
+      if (!answer.ok) throw new Error(answer.status);
+      upload = await answer.json();
+    } catch (err) {
+      setTimeout(() => poll(row), 3000);  // transient: try again later
+      return;
+    }
+    const status = row.querySelector("[data-field='status']");
+    status.textContent = upload.status;
+    status.className = "status status-" + upload.status;
+    row.querySelector("progress").value = upload.progress;
+    set(row, "bytes", size(upload.bytes_read) + " / " + size(upload.bytes_total));
+    set(row, "events", upload.events);
+    set(row, "skipped_lines", upload.skipped_lines);
+    set(row, "redacted", upload.redacted);
+    if (upload.status === "done" || upload.status === "failed") {
+      if (upload.message) set(row, "problems", upload.message);
+      row.dataset.finished = "1";
+      const hint = document.getElementById("reload-hint");
+      if (hint) hint.hidden = false;
+      return;
+    }
+    setTimeout(() => poll(row), 1000);
+  }
+
+  rows.forEach(poll);
+})();

@@ -1,0 +1,98 @@
+"""``manage.py ingest PATH [PATH ...] --incident TITLE [--json]``: the whole pipeline in-process.
+
+A contract for scripts and CI: with ``--json`` the last line on stdout is one JSON object
+``{"incident": {"id", "url"}, "uploads": [{"name", "status", "events", "skipped_lines",
+"redacted", "errors"}]}``; the exit code is 0 only if every upload is ``done``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from incidents.models import Incident, Team, Upload
+from timelines.ingest import create_local_upload, ingest_upload
+
+
+class Command(BaseCommand):
+    help = "Ingest audit log files into an incident, in this process, and wait for the result."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("paths", nargs="+", help="audit log files (.log, .json, .gz) or "
+                                                     "directories of them")
+        target = parser.add_mutually_exclusive_group(required=True)
+        target.add_argument("--incident", help="title of a new incident")
+        target.add_argument("--incident-id", type=int, help="add to this existing incident")
+        parser.add_argument("--team", help="team that owns a new incident (default: none, "
+                                           "visible to superusers only)")
+        parser.add_argument("--json", action="store_true",
+                            help="print a JSON summary as the last line on stdout")
+
+    def handle(self, *args, **options) -> None:
+        incident = self._incident(options)
+        files = list(self._files(options["paths"]))
+        results = []
+        for path in files:
+            if not path.is_file():
+                upload = Upload.objects.create(
+                    incident=incident, name=str(path), path_is_copy=False,
+                    status=Upload.Status.FAILED, message=f"{path}: no such file",
+                    errors=[f"{path}: no such file"])
+            else:
+                upload = create_local_upload(incident, path)
+                upload = ingest_upload(upload.pk) or upload
+            results.append(upload)
+            line = (f"{upload.name}: {upload.status}, {upload.events} events "
+                    f"({upload.new_events} new), {upload.skipped_lines} lines skipped, "
+                    f"{upload.redacted} values redacted")
+            if upload.message:
+                line += f" — {upload.message}"
+            for error in upload.errors[:5]:
+                line += f"\n  {error}"
+            (self.stderr if options["json"] else self.stdout).write(line)
+        url = settings.SITE_URL + incident.get_absolute_url()
+        if options["json"]:
+            summary = {
+                "incident": {"id": incident.pk, "title": incident.title, "url": url},
+                "uploads": [
+                    {"id": u.pk, "name": u.name, "status": u.status, "events": u.events,
+                     "new_events": u.new_events, "skipped_lines": u.skipped_lines,
+                     "redacted": u.redacted, "errors": u.errors, "message": u.message}
+                    for u in results
+                ],
+            }
+            self.stdout.write(json.dumps(summary))
+        else:
+            self.stdout.write(f"Incident {incident.pk}: {url}")
+        failed = [u for u in results if u.status != Upload.Status.DONE]
+        if failed:
+            sys.stdout.flush()
+            raise CommandError(f"{len(failed)} of {len(results)} uploads did not finish: "
+                               + ", ".join(u.name for u in failed))
+
+    def _incident(self, options) -> Incident:
+        if options["incident_id"] is not None:
+            incident = Incident.objects.filter(pk=options["incident_id"]).first()
+            if incident is None:
+                raise CommandError(f"no incident {options['incident_id']}")
+            return incident
+        team = None
+        if options["team"]:
+            team = Team.objects.filter(name=options["team"]).first()
+            if team is None:
+                raise CommandError(f"no team {options['team']!r} (create_api_token USER "
+                                   f"--team {options['team']} makes one)")
+        return Incident.objects.create(title=options["incident"], team=team)
+
+    @staticmethod
+    def _files(paths: list[str]):
+        for name in paths:
+            path = Path(name)
+            if path.is_dir():
+                yield from sorted(p for p in path.rglob("*") if p.is_file())
+            else:
+                yield path

@@ -1,0 +1,90 @@
+"""Celery tasks: thin interfaces to ``timelines.ingest``. JSON arguments (primary keys) only."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from incidents.models import Upload
+
+from .ingest import fail_upload, ingest_upload
+
+log = logging.getLogger(__name__)
+TRANSIENT = (OperationalError, InterfaceError)
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,  # a killed worker's upload is delivered again and re-run
+    autoretry_for=TRANSIENT,
+    retry_backoff=5,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=8,
+)
+def ingest_upload_task(self, upload_id: int) -> None:
+    """Ingest one upload. If the upload row has been deleted meanwhile, does nothing; if another
+    worker holds it, does nothing. Retries database errors with backoff; the run is idempotent."""
+    try:
+        ingest_upload(upload_id, claimant=self.request.id or None)
+    except SoftTimeLimitExceeded:
+        fail_upload(upload_id, f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
+                               "and was stopped; the events stored so far are kept")
+    except TRANSIENT as exc:
+        if self.request.retries >= self.max_retries:
+            fail_upload(upload_id, f"database unavailable after {self.max_retries} retries: {exc}")
+        raise
+
+
+@shared_task
+def requeue_stale_uploads() -> int:
+    """Give uploads whose worker was lost (no heartbeat for ``UPLOAD_STALE_SECONDS``) to a new
+    worker, or fail them after ``UPLOAD_MAX_ATTEMPTS``, so that none stays ``running`` forever.
+    Returns how many were requeued or failed."""
+    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
+    lost = Upload.objects.filter(
+        Q(status=Upload.Status.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
+        | Q(status=Upload.Status.PENDING, created_at__lt=stale, heartbeat_at=None)
+    )
+    count = 0
+    for upload in lost.only("pk", "attempts", "status"):
+        count += 1
+        if upload.attempts >= settings.UPLOAD_MAX_ATTEMPTS:
+            fail_upload(upload.pk, f"the ingest worker was lost {upload.attempts} times; "
+                                   "the events stored so far are kept")
+            continue
+        Upload.objects.filter(pk=upload.pk, status=upload.status).update(
+            status=Upload.Status.PENDING, claimed_by="", heartbeat_at=timezone.now())
+        enqueue_ingest(upload.pk)
+    return count
+
+
+def enqueue_ingest(upload_id: int) -> None:
+    """Start ingesting an upload once the current transaction commits: on a Celery worker when
+    a broker is configured, else in a thread of this process (the embedded default)."""
+    if settings.CELERY_BROKER_URL:
+        ingest_upload_task.delay_on_commit(upload_id)
+        return
+    transaction.on_commit(lambda: _start_thread(upload_id))
+
+
+def _start_thread(upload_id: int) -> None:
+    def run() -> None:
+        try:
+            ingest_upload(upload_id)
+        except Exception:  # the row says failed; the log says why
+            log.exception("ingest of upload %s failed", upload_id)
+            fail_upload(upload_id, "ingest failed unexpectedly; see the server log")
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name=f"ingest-{upload_id}", daemon=True).start()

@@ -33,6 +33,9 @@ class Membership(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_membership")]
 
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
 
 class IncidentQuerySet(models.QuerySet):
     def visible_to(self, user) -> IncidentQuerySet:
@@ -140,6 +143,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.scope}) of {self.user}"
 
     @classmethod
     def issue(cls, user, *, name: str = "", scope: str = Scope.FULL,

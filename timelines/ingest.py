@@ -281,6 +281,9 @@ def _merge_postgres(incident_id: int, upload_id: int | None, rows: Sequence[Audi
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE_TABLE} ON COMMIT DELETE ROWS AS "
                        f"SELECT {columns} FROM timelines_event WITH NO DATA")
+        # ON COMMIT DELETE ROWS empties it only at a real commit: inside a caller's transaction
+        # (inline writes) the rows of earlier batches, of any incident, would be merged again.
+        cursor.execute(f"TRUNCATE {_STAGE_TABLE}")
         # Losing the last moments of an ingest to a crash is harmless (it is re-run and
         # idempotent), so do not wait for the WAL flush on every batch.
         cursor.execute("SET LOCAL synchronous_commit = off")

@@ -26,6 +26,9 @@ class BodyChunk(models.Model):
     # zlib-compressed JSON lines, one redacted audit event per line.
     data = models.BinaryField()
 
+    def __str__(self) -> str:
+        return f"body chunk {self.pk} of incident {self.incident_id}"
+
     def lines(self) -> list[bytes]:
         return zlib.decompress(bytes(self.data)).split(b"\n")
 

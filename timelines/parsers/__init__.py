@@ -1,6 +1,7 @@
 """Parsers: pure functions from bytes to rows, one module per format. No Django imports."""
 
-from .audit import AuditRow, parse_audit, sniff as sniff_audit
+from .audit import AuditRow, parse_audit
+from .audit import sniff as sniff_audit
 from .base import InputError, Report
 from .redact import MARKER, Redactor
 

@@ -16,8 +16,9 @@ soon as its final stage is seen.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, BinaryIO, Iterator, NamedTuple
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, BinaryIO, NamedTuple
 
 import orjson
 
@@ -240,7 +241,7 @@ def _parse_time(value: Any) -> datetime:
             text = f"{head}.{tail[:6]}{tail[digits:]}"
     parsed = datetime.fromisoformat(text)
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return parsed
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_KEPT_ERRORS = 20
@@ -68,7 +69,9 @@ def open_lines(raw: BinaryIO, report: Report) -> tuple[Iterator[bytes], Counting
     counter = CountingReader(raw)
     buffered = io.BufferedReader(counter, buffer_size=1 << 20)
     head = buffered.peek(2)[:2]
-    stream: BinaryIO = gzip.GzipFile(fileobj=buffered, mode="rb") if head == GZIP_MAGIC else buffered
+    stream: BinaryIO = buffered
+    if head == GZIP_MAGIC:
+        stream = gzip.GzipFile(fileobj=buffered, mode="rb")  # type: ignore[assignment]
 
     def lines() -> Iterator[bytes]:
         number = 0

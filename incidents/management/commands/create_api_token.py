@@ -1,4 +1,5 @@
-"""``manage.py create_api_token USERNAME [--team TEAM]``: a full-scope API token, on the last line."""
+"""``manage.py create_api_token USERNAME [--team TEAM]``: prints a new full-scope API token
+on its last line."""
 
 from __future__ import annotations
 

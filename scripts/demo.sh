@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Sets up and runs Hindsight's embedded default (SQLite under var/, ingest in-process, no Docker):
+# loads a demo incident from the fixture audit logs and serves http://127.0.0.1:8000/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+py=.venv/bin/python
+fixtures=${HINDSIGHT_FIXTURES:-../shared/fixtures}
+
+$py manage.py migrate --noinput -v0
+password_file=var/admin_password
+if [ ! -s "$password_file" ]; then
+  $py -c 'import secrets; print(secrets.token_urlsafe(12))' > "$password_file"
+fi
+DJANGO_SUPERUSER_PASSWORD=$(cat "$password_file") \
+  $py manage.py createsuperuser --noinput --username admin --email admin@localhost 2>/dev/null || true
+
+if ! $py manage.py shell -c 'from incidents.models import Incident; import sys; sys.exit(0 if Incident.objects.filter(title="Demo: fixture audit logs").exists() else 1)' 2>/dev/null; then
+  # One fixture (falco/fal_01_003.json) is malformed on purpose: its upload shows the error.
+  $py manage.py ingest "$fixtures"/audit/*.log "$fixtures"/audit/falco/*.json \
+    --incident "Demo: fixture audit logs" || true
+fi
+
+echo
+echo "Hindsight is at http://127.0.0.1:8000/  (user: admin, password: $(cat "$password_file"))"
+exec $py manage.py runserver --noreload 127.0.0.1:${PORT:-8000}

@@ -1,0 +1,132 @@
+"""The real Celery path: a worker process over Redis ingests uploads made through the API, and a
+worker killed mid-ingest has its upload run again to the same result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from hindsight.celery import app as celery_app
+from incidents.models import Upload
+from timelines.models import Event
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def worker_queue():
+    """A queue of this test's own, so that no stale message of an earlier run interferes."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    previous = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = name
+    yield name
+    celery_app.conf.task_default_queue = previous
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(name)
+
+
+@pytest.fixture
+def worker(worker_queue, tmp_path):
+    """A Celery worker (prefork, one child) on the test database; yields its Popen."""
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "HINDSIGHT_DATA_DIR": str(tmp_path / "worker-data"),
+    }
+    log = (tmp_path / "worker.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "hindsight", "worker", "-P", "prefork", "-c", "1",
+         "-Q", worker_queue, "-n", f"{worker_queue}@%h", "--without-gossip", "--without-mingle",
+         "-l", "info"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    yield process
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+def _post(client, token, path: Path, title: str) -> int:
+    with path.open("rb") as handle:
+        answer = client.post("/api/v1/uploads/", {"incident": title, "file": handle},
+                             HTTP_AUTHORIZATION=f"Token {token}")
+    assert answer.status_code == 202, answer.content
+    return answer.json()["id"]
+
+
+def _wait(upload_id: int, until, timeout: float = 90.0) -> Upload:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        upload = Upload.objects.get(pk=upload_id)
+        if until(upload):
+            return upload
+        time.sleep(0.1)
+    raise AssertionError(f"upload {upload_id} never reached the state: {upload.__dict__}")
+
+
+def test_a_worker_ingests_an_upload_posted_to_the_api(client, owner, token_for, worker,
+                                                      fixtures_dir):
+    source = fixtures_dir / "audit" / "audit2rbac-demo.log"
+    expected = len({orjson.loads(line)["auditID"] for line in source.read_bytes().splitlines()})
+    upload_id = _post(client, token_for(owner), source, "via worker")
+
+    upload = _wait(upload_id, lambda u: u.finished)
+
+    assert upload.status == Upload.Status.DONE, upload.message
+    assert upload.events == expected
+    assert Event.objects.filter(incident_id=upload.incident_id).count() == expected
+    assert upload.bytes_read == upload.bytes_total == source.stat().st_size
+
+
+def _big_audit_log(path: Path, fixtures_dir: Path, requests: int) -> None:
+    """RequestReceived + ResponseComplete lines for ``requests`` clones of a fixture event."""
+    template = orjson.loads((fixtures_dir / "audit" / "openshift-requestresponse.log")
+                            .read_bytes().splitlines()[0])
+    with path.open("wb") as out:
+        for n in range(requests):
+            event = dict(template, auditID=str(uuid.uuid4()),
+                         requestReceivedTimestamp=f"2024-05-01T10:{n // 60_000_000 % 60:02d}:"
+                                                  f"{n // 1_000_000 % 60:02d}.{n % 1_000_000:06d}Z")
+            event["stageTimestamp"] = event["requestReceivedTimestamp"]
+            out.write(orjson.dumps(dict(event, stage="RequestReceived")) + b"\n")
+            out.write(orjson.dumps(dict(event, stage="ResponseComplete")) + b"\n")
+
+
+def test_a_killed_worker_s_upload_runs_again_without_losing_or_doubling_events(
+        client, owner, token_for, worker, fixtures_dir, tmp_path):
+    requests = 150_000
+    path = tmp_path / "big-audit.log"
+    _big_audit_log(path, fixtures_dir, requests)
+    upload_id = _post(client, token_for(owner), path, "killed worker")
+
+    # Kill the pool child while it is writing; the worker re-delivers the unacknowledged task.
+    _wait(upload_id, lambda u: u.status == Upload.Status.RUNNING and u.events > 0)
+    children = psutil.Process(worker.pid).children()
+    assert children, "the prefork worker has no pool child"
+    for child in children:
+        child.kill()
+
+    upload = _wait(upload_id, lambda u: u.finished, timeout=180)
+
+    assert upload.status == Upload.Status.DONE, upload.message
+    assert upload.attempts >= 2
+    assert Event.objects.filter(incident_id=upload.incident_id).count() == requests
+    assert upload.events == requests

@@ -69,12 +69,14 @@ class Event(models.Model):
     body_index = models.IntegerField(default=0)
 
     class Meta:
+        # The request identity leads with ``received``: logs arrive in time order, so inserts land
+        # near the index's right edge instead of at random places (an auditID-first index made
+        # ingest several times slower), and the same index serves time windows and the cursor.
         constraints = [
-            models.UniqueConstraint(fields=["incident", "audit_id", "received"],
+            models.UniqueConstraint(fields=["incident", "received", "audit_id"],
                                     name="event_request_identity"),
         ]
         indexes = [
-            models.Index(fields=["incident", "received", "id"], name="event_time"),
             models.Index(fields=["incident", "resource", "namespace", "name", "received"],
                          name="event_object"),
             models.Index(fields=["incident", "username", "received"], name="event_actor"),

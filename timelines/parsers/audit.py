@@ -84,6 +84,7 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     rows = 0
     source = report.source
     document: list[bytes] | None = None
+    document_start = 1
 
     for number, line in enumerate(lines, start=1):
         if number == 1 and line.startswith(BOM):
@@ -100,6 +101,7 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
             if seen_events == 0 and report.skipped == 0 and _opens_document(stripped):
                 # Maybe a pretty-printed document rather than JSON lines: read it whole.
                 document = [line]
+                document_start = number
                 continue
             report.skip(number, _json_reason(stripped, exc))
             continue
@@ -125,16 +127,17 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
         except orjson.JSONDecodeError:
             # Not a document either: judge it line by line after all, so good lines survive.
             value = None
-            for row in _reparse_lines(text, report, redactor, pending):
+            for row in _reparse_lines(text, report, redactor, pending, document_start):
                 rows += 1
                 yield row
         if value is not None:
             for event in _events_in(value):
                 error = _check(event)
                 if error:
-                    report.skip(1, error)
+                    report.skip(document_start, error)
                     continue
-                for row in _collapse(event, None, 1, pending, source, report, redactor):
+                for row in _collapse(event, None, document_start, pending, source, report,
+                                     redactor):
                     rows += 1
                     yield row
 
@@ -153,8 +156,8 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
 
 
 def _reparse_lines(text: bytes, report: Report, redactor: Redactor,
-                   pending: dict) -> Iterator[AuditRow]:
-    for number, line in enumerate(text.split(b"\n"), start=1):
+                   pending: dict, first_line: int = 1) -> Iterator[AuditRow]:
+    for number, line in enumerate(text.split(b"\n"), start=first_line):
         stripped = line.strip()
         if not stripped:
             continue
@@ -194,17 +197,20 @@ def _events_in(value: Any) -> list[Any]:
 
 
 def _check(event: Any) -> str | None:
-    if not isinstance(event, dict):
+    """Why ``event`` is not an audit event we can use, or None. Runs on every line: keep it lean."""
+    if type(event) is not dict:
         return "not an audit event (not a JSON object)"
     kind = event.get("kind")
     api_version = event.get("apiVersion")
-    if kind not in (None, "Event") or (
-        api_version is not None and not str(api_version).startswith("audit.k8s.io/")
+    if (kind is not None and kind != "Event") or (
+        api_version is not None
+        and not (type(api_version) is str and api_version.startswith("audit.k8s.io/"))
     ):
         return f"not an audit event (kind {kind!r}, apiVersion {api_version!r})"
-    if not isinstance(event.get("auditID"), str) or not event["auditID"]:
+    audit_id = event.get("auditID")
+    if type(audit_id) is not str or not audit_id:
         return "audit event without auditID"
-    if not isinstance(event.get("stage"), str):
+    if type(event.get("stage")) is not str:
         return "audit event without stage"
     if not (event.get("requestReceivedTimestamp") or event.get("timestamp")):
         return "audit event without requestReceivedTimestamp or timestamp"
@@ -230,8 +236,10 @@ def _collapse(event: dict[str, Any], line_bytes: bytes | None, number: int,
 
 
 def _parse_time(value: Any) -> datetime:
-    if not isinstance(value, str):
+    if type(value) is not str:
         raise ValueError(f"timestamp {value!r} is not a string")
+    if len(value) == 27 and value[26] == "Z":  # the apiserver's own form, microseconds
+        return datetime.fromisoformat(value)
     text = value.strip()
     # fromisoformat takes at most microseconds; apiservers write micro, some exporters nano.
     if "." in text:
@@ -241,7 +249,7 @@ def _parse_time(value: Any) -> datetime:
             text = f"{head}.{tail[:6]}{tail[digits:]}"
     parsed = datetime.fromisoformat(text)
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
+        parsed = parsed.replace(tzinfo=timezone.utc)
     return parsed
 
 
@@ -258,7 +266,7 @@ def _row(event: dict[str, Any], line_bytes: bytes | None, number: int, source: s
 
 def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, source: str,
                report: Report, redactor: Redactor) -> AuditRow:
-    if line_bytes is None or redactor.needs_walk(line_bytes):
+    if line_bytes is None or redactor.needs_walk(event, line_bytes):
         replaced = redactor.redact_event(event)
         if replaced or line_bytes is None:
             report.redacted += replaced

@@ -1,5 +1,18 @@
 from django.apps import AppConfig
+from django.db.models.signals import pre_delete
 
 
 class TimelinesConfig(AppConfig):
     name = "timelines"
+
+    def ready(self) -> None:
+        from incidents.models import Incident
+
+        from .ingest import delete_incident_events
+
+        def delete_evidence(sender, instance, **kwargs) -> None:
+            # The event table has no cascading foreign key (ingest speed): delete in bulk here.
+            delete_incident_events(instance)
+
+        pre_delete.connect(delete_evidence, sender=Incident, weak=False,
+                           dispatch_uid="timelines.delete_evidence")

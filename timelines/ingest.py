@@ -92,8 +92,14 @@ def ingest_upload(upload_id: int, claimant: str | None = None) -> Upload | None:
 
 
 def fail_upload(upload_id: int, message: str) -> None:
-    Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
+    """Mark an upload failed (unless it finished meanwhile) and delete Hindsight's copy of its
+    file, which may hold secrets."""
+    changed = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
         status=Upload.Status.FAILED, message=message, finished_at=timezone.now())
+    upload = Upload.objects.filter(pk=upload_id, path_is_copy=True).exclude(path="").first()
+    if changed and upload is not None:
+        Path(upload.path).unlink(missing_ok=True)
+        Upload.objects.filter(pk=upload_id).update(path="")
 
 
 def delete_incident_events(incident: Incident) -> None:

@@ -1,4 +1,4 @@
-"""Values that COPY's text format must escape survive the PostgreSQL fast path unchanged."""
+"""The PostgreSQL store: awkward values survive COPY, deleting an incident deletes its evidence."""
 
 from __future__ import annotations
 
@@ -42,3 +42,20 @@ def test_awkward_strings_round_trip_through_copy(incident, ingest_file, tmp_path
     assert stored.annotations == {"note": AWKWARD, "nul": "ab"}
     assert stored.duration_ms == pytest.approx(0.2)
     assert stored.body()["user"]["username"] == AWKWARD
+
+
+def test_deleting_an_incident_deletes_its_events_and_bodies(incident, ingest_file, fixtures_dir):
+    from incidents.models import Incident
+    from timelines.models import BodyChunk
+
+    ingest_file(incident, fixtures_dir / "audit" / "audit2rbac-demo.log")
+    other = Incident.objects.create(title="kept")
+    ingest_file(other, fixtures_dir / "audit" / "openshift-requestresponse.log")
+    kept = Event.objects.filter(incident=other).count()
+    assert Event.objects.filter(incident=incident).exists()
+
+    incident.delete()
+
+    assert not Event.objects.filter(incident_id=incident.pk).exists()
+    assert not BodyChunk.objects.filter(incident_id=incident.pk).exists()
+    assert Event.objects.filter(incident=other).count() == kept

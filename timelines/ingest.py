@@ -26,8 +26,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import orjson
+import psycopg
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -39,7 +40,7 @@ from .parsers.audit import STAGE_RANK
 
 log = logging.getLogger(__name__)
 
-BATCH_ROWS = 20_000
+BATCH_ROWS = 10_000
 CHUNK_ROWS = 500  # events per compressed body chunk: small enough to read one event quickly
 PROGRESS_SECONDS = 1.0
 
@@ -186,7 +187,7 @@ class _Progress:
 class _BatchWriter:
     """Writes batches in a thread of its own, so that the parser keeps going meanwhile.
 
-    At most two batches wait in the queue, which bounds memory. An error in the thread is raised
+    At most one batch waits in the queue, which bounds memory. An error in the thread is raised
     again in the caller at the next ``put`` or at ``finish``.
     """
 
@@ -194,9 +195,12 @@ class _BatchWriter:
         self.threaded = threaded
         self.incident_id = incident_id
         self.upload_id = upload_id
-        self.queue: queue.Queue[list[AuditRow] | None] = queue.Queue(maxsize=2)
+        self.queue: queue.Queue[list[AuditRow] | None] = queue.Queue(maxsize=1)
         self.error: BaseException | None = None
         self.new_rows = 0
+        # Once a batch met stored requests (a re-ingest, overlapping files), later ones likely
+        # will too: stop trying the straight COPY.
+        self.optimistic = True
         self.thread = threading.Thread(target=self._loop, name="hindsight-writer", daemon=True)
 
     def start(self) -> None:
@@ -205,7 +209,7 @@ class _BatchWriter:
 
     def put(self, batch: list[AuditRow]) -> None:
         if not self.threaded:
-            self.new_rows += write_rows(self.incident_id, self.upload_id, batch)
+            self._write(batch)
             return
         while True:
             if self.error is not None:
@@ -232,11 +236,17 @@ class _BatchWriter:
         except queue.Full:
             pass
 
+    def _write(self, batch: list[AuditRow]) -> None:
+        new = write_rows(self.incident_id, self.upload_id, batch, optimistic=self.optimistic)
+        self.new_rows += new
+        if new < len(batch):
+            self.optimistic = False
+
     def _loop(self) -> None:
         try:
             while (batch := self.queue.get()) is not None:
                 if self.error is None:
-                    self.new_rows += write_rows(self.incident_id, self.upload_id, batch)
+                    self._write(batch)
         except BaseException as exc:  # reported to the parsing thread
             self.error = exc
             while self.queue.get() is not None:  # drain so that put() never blocks forever
@@ -248,13 +258,22 @@ class _BatchWriter:
 
 # --- the merge ---------------------------------------------------------------------------------
 
-def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow]) -> int:
-    """Merge rows into the store in one transaction; returns how many were new requests."""
+def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow], *,
+               optimistic: bool = True) -> int:
+    """Merge rows into the store in one transaction; returns how many were new requests.
+
+    ``optimistic``: on PostgreSQL, first try to COPY straight into the table, which is right
+    whenever none of these requests is stored yet (a new upload) and fails as a whole on the
+    unique request identity otherwise; then the batch is merged through the staging table.
+    """
     rows = _latest_per_request(rows)
     with transaction.atomic():
         chunk_ids = _write_chunks(incident_id, upload_id, rows)
         if connection.vendor == "postgresql":
-            return _merge_postgres(incident_id, upload_id, rows, chunk_ids)
+            text = _copy_text(incident_id, upload_id, rows, chunk_ids)
+            if optimistic and _copy_new(text):
+                return len(rows)
+            return _merge_postgres(text, chunk_ids)
         return _merge_generic(incident_id, upload_id, rows, chunk_ids)
 
 
@@ -343,31 +362,68 @@ def _copy_text(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow]
     return "".join(out)
 
 
-def _merge_postgres(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow],
-                    chunk_ids: list[int]) -> int:
+def _copy_new(text: str) -> bool:
+    """COPY rows straight into the event table; False (and nothing written) if any of them is
+    stored already."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:  # a savepoint to fall back to
+            cursor.execute("SET LOCAL synchronous_commit = off")
+            with cursor.copy(f"COPY timelines_event ({', '.join(_COPY_COLUMNS)}) FROM STDIN") \
+                    as copy:
+                copy.write(text)
+        return True
+    except (IntegrityError, psycopg.errors.UniqueViolation):
+        return False
+
+
+def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
     columns = ", ".join(COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE_TABLE} ON COMMIT DELETE ROWS AS "
                        f"SELECT {columns} FROM timelines_event WITH NO DATA")
+        # ON COMMIT DELETE ROWS empties it only at a real commit: inside a caller's transaction
+        # (inline writes) earlier batches' rows, of any incident, would be merged again (and
+        # events deleted meanwhile brought back).
+        cursor.execute(f"TRUNCATE {_STAGE_TABLE}")
         # Losing the last moments of an ingest to a crash is harmless (it is re-run and
         # idempotent), so do not wait for the WAL flush on every batch.
         cursor.execute("SET LOCAL synchronous_commit = off")
         with cursor.copy(f"COPY {_STAGE_TABLE} ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
-            copy.write(_copy_text(incident_id, upload_id, rows, chunk_ids))
+            copy.write(text)
         cursor.execute(
-            f"WITH merged AS ("
+            # ``replaced`` reads the rows as they were before the insert (one snapshot per
+            # statement): the chunks of stages that a later stage is about to replace.
+            f"WITH replaced AS ("
+            f" SELECT DISTINCT e.body_chunk FROM {_STAGE_TABLE} s JOIN timelines_event e"
+            f" ON e.incident_id = s.incident_id AND e.received = s.received"
+            f" AND e.audit_id = s.audit_id"
+            f" WHERE {_STAGE_RANK_SQL.format('e')} < {_STAGE_RANK_SQL.format('s')}),"
+            f" merged AS ("
             f" INSERT INTO timelines_event ({columns})"
             f" SELECT {columns} FROM {_STAGE_TABLE}"
             f" ON CONFLICT (incident_id, received, audit_id) DO UPDATE SET {_UPDATE_SET}"
             f" WHERE {_MERGE_WHERE}"
             f" RETURNING (xmax = 0) AS inserted, body_chunk)"
-            f" SELECT count(*) FILTER (WHERE inserted), array_agg(DISTINCT body_chunk) FROM merged"
+            f" SELECT count(*) FILTER (WHERE inserted), array_agg(DISTINCT body_chunk),"
+            f" (SELECT array_agg(body_chunk) FROM replaced) FROM merged"
         )
-        new, used = cursor.fetchone()
+        new, used, replaced = cursor.fetchone()
         unused = sorted(set(chunk_ids) - set(used or ()))
         if unused:
             cursor.execute("DELETE FROM timelines_bodychunk WHERE id = ANY(%s)", [unused])
+        if replaced:
+            _delete_orphan_chunks(cursor, [c for c in replaced if c is not None])
         return new
+
+
+def _delete_orphan_chunks(cursor, candidates: list[int]) -> None:
+    """Delete the chunks among ``candidates`` that no event points at any more (their events were
+    completed by a later stage from another file). Rare, so a scan is affordable."""
+    if candidates:
+        cursor.execute(
+            "DELETE FROM timelines_bodychunk c WHERE c.id = ANY(%s) AND NOT EXISTS"
+            " (SELECT 1 FROM timelines_event e WHERE e.incident_id = c.incident_id"
+            " AND e.body_chunk = c.id)", [candidates])
 
 
 def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow],
@@ -377,6 +433,9 @@ def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[Audit
     placeholders = ", ".join(["%s"] * len(COLUMNS))
     ops = connection.ops
     before = Event.objects.filter(incident_id=incident_id).count()
+    replaced = set(Event.objects.filter(
+        incident_id=incident_id, audit_id__in={r.audit_id for r in rows}
+    ).values_list("body_chunk", flat=True))
     with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO timelines_event ({columns}) VALUES ({placeholders})"
@@ -385,8 +444,9 @@ def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[Audit
             list(_values(incident_id, upload_id, rows, chunk_ids,
                          ops.adapt_datetimefield_value, lambda v: orjson.dumps(v).decode())),
         )
-    BodyChunk.objects.filter(pk__in=chunk_ids).exclude(
-        pk__in=Event.objects.filter(incident_id=incident_id, body_chunk__in=chunk_ids)
+    candidates = set(chunk_ids) | (replaced - {None})
+    BodyChunk.objects.filter(pk__in=candidates).exclude(
+        pk__in=Event.objects.filter(incident_id=incident_id, body_chunk__in=candidates)
         .values("body_chunk")).delete()
     return Event.objects.filter(incident_id=incident_id).count() - before
 

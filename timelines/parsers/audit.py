@@ -249,7 +249,7 @@ def _parse_time(value: Any) -> datetime:
             text = f"{head}.{tail[:6]}{tail[digits:]}"
     parsed = datetime.fromisoformat(text)
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return parsed
 
 
@@ -288,7 +288,9 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
         api_group, _, api_version = api_version.rpartition("/")
     status = event.get("responseStatus") or {}
     code = status.get("code")
-    source_ips = event.get("sourceIPs") or [""]
+    source_ips = event.get("sourceIPs")
+    if type(source_ips) is not list or not source_ips:
+        source_ips = [source_ips if type(source_ips) is str else ""]
     annotations = event.get("annotations") or {}
     return AuditRow(
         event["auditID"],

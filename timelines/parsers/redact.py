@@ -49,7 +49,7 @@ SENSITIVE_RESOURCES = frozenset({"secrets", "configmaps", "tokenreviews", "route
 # Otherwise a quick look at the raw line decides whether the walk is needed: a few case-sensitive
 # substring tests cost ~1 µs a line, where a case-insensitive regular expression over many
 # alternatives cost ~70 µs.
-TOKEN_NEEDLES = (b"eyJ", b"earer ", b"asic ")
+TOKEN_NEEDLES = (b"eyJ", b"earer ", b"asic ", b"EARER ", b"ASIC ")
 
 
 class Redactor:
@@ -139,7 +139,30 @@ _KIND_BY_RESOURCE = {
 
 def _redact_by_kind(obj: dict[str, Any], kind: Any, subresource: str | None = None) -> int:
     count = 0
-    if kind == "Secret":
+    if kind == "Secret" and isinstance(obj.get("op"), str) and isinstance(obj.get("path"), str):
+        # One operation of a JSON Patch (RFC 6902) body: a value written under data/stringData.
+        field, _, key = obj["path"].lstrip("/").partition("/")
+        if field in ("data", "stringData") and "value" in obj:
+            if key or not isinstance(obj["value"], dict):
+                count += _replace(obj, "value")
+            else:
+                count += _redact_by_kind({field: obj["value"]}, "Secret")
+    elif kind == "ConfigMap" and isinstance(obj.get("op"), str) and isinstance(obj.get("path"),
+                                                                                 str):
+        # A JSON Patch operation on a ConfigMap: judge the written value by its key.
+        field, _, key = obj["path"].lstrip("/").partition("/")
+        value = obj.get("value")
+        if field in ("data", "binaryData") and key:
+            if SENSITIVE_KEY.search(key.replace("~1", "/").replace("~0", "~")):
+                count += _replace(obj, "value")
+            elif isinstance(value, str):
+                new_value, n = _redact_assignments(value)
+                if n:
+                    obj["value"] = new_value
+                    count += n
+        elif field in ("data", "binaryData") and isinstance(value, dict):
+            count += _redact_by_kind({"data": value}, "ConfigMap")
+    elif kind == "Secret":
         for field in ("data", "stringData"):
             values = obj.get(field)
             if isinstance(values, dict):

@@ -60,7 +60,8 @@ class TransientError(Exception):
 
 # --- entry points ------------------------------------------------------------------------------
 
-def ingest_upload(upload_id: int, claimant: str | None = None) -> Upload | None:
+def ingest_upload(upload_id: int, claimant: str | None = None,
+                  on_progress: Callable[[int, int, int], None] | None = None) -> Upload | None:
     """Ingest one upload, start to finish; returns the finished row.
 
     Claims the row with a compare-and-set so that only one worker ingests it: a pending upload,
@@ -84,7 +85,7 @@ def ingest_upload(upload_id: int, claimant: str | None = None) -> Upload | None:
     if upload is None:
         return None
     try:
-        _run(upload)
+        _run(upload, on_progress)
     except Exception:
         # Leave the row claimable by the retry (same claimant) and let the caller decide.
         Upload.objects.filter(pk=upload_id, claimed_by=claimant).update(heartbeat_at=None)
@@ -111,7 +112,7 @@ def delete_incident_events(incident: Incident) -> None:
 
 # --- one run -----------------------------------------------------------------------------------
 
-def _run(upload: Upload) -> None:
+def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = None) -> None:
     path = Path(upload.path)
     if not path.is_file():
         _finish(upload, Upload.Status.FAILED, Report(upload.name),
@@ -121,7 +122,7 @@ def _run(upload: Upload) -> None:
     Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, events=0)
     report = Report(upload.name)
     redactor = Redactor(settings.REDACT_EXTRA_PATHS, enabled=settings.REDACT)
-    progress = _Progress(upload.pk, report)
+    progress = _Progress(upload.pk, report, total, on_progress)
     # A writer thread has its own connection, which cannot see rows of a transaction that the
     # caller holds open (tests, nested use): then write inline.
     writer = _BatchWriter(upload.incident_id, upload.pk, threaded=not connection.in_atomic_block)
@@ -165,11 +166,15 @@ def _finish(upload: Upload, status: str, report: Report, *, message: str = "", r
 
 
 class _Progress:
-    """Writes bytes read and rows so far to the upload row, at most once a second."""
+    """Writes bytes read and rows so far to the upload row (and tells ``on_progress(bytes_read,
+    bytes_total, rows)``), at most once a second."""
 
-    def __init__(self, upload_id: int, report: Report) -> None:
+    def __init__(self, upload_id: int, report: Report, total: int,
+                 on_progress: Callable[[int, int, int], None] | None = None) -> None:
         self.upload_id = upload_id
         self.report = report
+        self.total = total
+        self.on_progress = on_progress
         self.rows = 0
         self.last = 0.0
 
@@ -182,6 +187,8 @@ class _Progress:
         Upload.objects.filter(pk=self.upload_id).update(
             bytes_read=bytes_read, events=rows, skipped_lines=self.report.skipped,
             redacted=self.report.redacted, heartbeat_at=timezone.now())
+        if self.on_progress is not None:
+            self.on_progress(bytes_read, self.total, rows)
 
 
 class _BatchWriter:

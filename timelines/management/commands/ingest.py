@@ -44,7 +44,9 @@ class Command(BaseCommand):
                     errors=[f"{path}: no such file"])
             else:
                 upload = create_local_upload(incident, path)
-                upload = ingest_upload(upload.pk) or upload
+                upload = ingest_upload(upload.pk, on_progress=self._progress(path.name)) or upload
+                if self.stderr.isatty():
+                    self.stderr.write("\r\033[K", ending="", style_func=str)
             results.append(upload)
             line = (f"{upload.name}: {upload.status}, {upload.events} events "
                     f"({upload.new_events} new), {upload.skipped_lines} lines skipped, "
@@ -73,6 +75,20 @@ class Command(BaseCommand):
             sys.stdout.flush()
             raise CommandError(f"{len(failed)} of {len(results)} uploads did not finish: "
                                + ", ".join(u.name for u in failed))
+
+    def _progress(self, name: str):
+        """A progress line on a terminal (stderr, so that --json output stays clean)."""
+        if not self.stderr.isatty():
+            return None
+
+        def show(done: int, total: int, rows: int) -> None:
+            percent = 100 * done / total if total else 0
+            self.stderr.write(f"\r\033[K{name}: {percent:5.1f}%  {done / 1e6:,.1f} of "
+                              f"{total / 1e6:,.1f} MB, {rows:,} events", ending="",
+                              style_func=str)
+            self.stderr.flush()
+
+        return show
 
     def _incident(self, options) -> Incident:
         if options["incident_id"] is not None:

@@ -482,12 +482,13 @@ def _rows(path: Path):
         return list(parse_audit(handle, report, Redactor()))
 
 
-def test_write_rows_twice_leaves_no_orphan_chunks(incident, fixtures_dir):
+@pytest.mark.parametrize("optimistic", [True, False], ids=["straight-copy", "staged-merge"])
+def test_write_rows_twice_leaves_no_orphan_chunks(incident, fixtures_dir, optimistic):
     rows = _rows(audit_log(fixtures_dir, "audit2rbac-demo.log"))
 
-    assert write_rows(incident.pk, None, rows) == len(rows)
+    assert write_rows(incident.pk, None, rows, optimistic=optimistic) == len(rows)
     chunks_after_first = chunk_ids_of(incident)
-    assert write_rows(incident.pk, None, rows) == 0
+    assert write_rows(incident.pk, None, rows, optimistic=optimistic) == 0
 
     assert Event.objects.filter(incident=incident).count() == len(rows)
     assert chunk_ids_of(incident) == chunks_after_first
@@ -521,6 +522,30 @@ def test_completing_an_open_span_from_another_file_leaves_no_orphan_chunk(
     ingest_file(incident, file_b)
 
     assert chunk_ids_of(incident) == referenced_chunks_of(incident)
+
+
+def test_a_chunk_still_used_by_other_events_survives_a_completion(
+        incident, ingest_file, fixtures_dir, tmp_path):
+    entries = [event for _, event in json_lines(
+        audit_log(fixtures_dir, "openshift-requestresponse.log"))]
+    first, others = entries[0], entries[1:]
+    file_a = tmp_path / "a.log"
+    file_b = tmp_path / "b.log"
+    # A: the first request's opening stage and the other requests, complete: one chunk
+    file_a.write_text("".join(json.dumps(e) + "\n"
+                              for e in [_received_stage_of(first), *others]), encoding="utf-8")
+    file_b.write_text(json.dumps(first) + "\n", encoding="utf-8")
+
+    ingest_file(incident, file_a)
+    (chunk_a,) = chunk_ids_of(incident)
+    ingest_file(incident, file_b)
+
+    assert chunk_a in chunk_ids_of(incident)
+    assert chunk_ids_of(incident) == referenced_chunks_of(incident)
+    assert len(chunk_ids_of(incident)) == 2
+    for event in events_of(incident):
+        assert event.body()["auditID"] == event.audit_id
+        assert event.body()["stage"] == "ResponseComplete"
 
 
 def test_bodies_of_more_than_one_chunk_are_each_events_own(incident, fixtures_dir, tmp_path,

@@ -54,10 +54,6 @@ _MERGE_WHERE = (f"{_STAGE_RANK_SQL.format('timelines_event')} < "
                 f"{_STAGE_RANK_SQL.format('EXCLUDED')}")
 
 
-class TransientError(Exception):
-    """A database or broker failure worth retrying."""
-
-
 # --- entry points ------------------------------------------------------------------------------
 
 def ingest_upload(upload_id: int, claimant: str | None = None,

@@ -40,9 +40,10 @@ from .parsers.audit import STAGE_RANK
 
 log = logging.getLogger(__name__)
 
-BATCH_ROWS = 10_000
+BATCH_ROWS = 5_000
 CHUNK_ROWS = 500  # events per compressed body chunk: small enough to read one event quickly
 PROGRESS_SECONDS = 1.0
+ANALYZE_AFTER_ROWS = 50_000
 
 # Columns the parser fills, in AuditRow order, without ``raw`` (which goes to the body chunks).
 ROW_COLUMNS = [f for f in AuditRow._fields if f != "raw"]
@@ -145,6 +146,11 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     progress.parsed(total, progress.rows)
     _finish(upload, Upload.Status.DONE, report, rows=progress.rows, new=writer.new_rows,
             bytes_read=total)
+    if connection.vendor == "postgresql" and writer.new_rows >= ANALYZE_AFTER_ROWS:
+        # Fresh statistics now, not whenever autovacuum comes by: without them the planner
+        # misjudges the first queries of a new incident (measured: 64-146 ms instead of 2 ms).
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE timelines_event")
 
 
 def _finish(upload: Upload, status: str, report: Report, *, message: str = "", rows: int = 0,

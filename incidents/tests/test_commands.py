@@ -182,8 +182,8 @@ def test_ingest_as_a_real_process_exit_code_and_last_line(audit_files, fixtures_
 
     # --jobs 2: each file in a forked process of its own
     ok = subprocess.run([sys.executable, "manage.py", "ingest", *good, "--incident", "proc",
-                         "--json", "--jobs", "2"], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=120)
+                         "--json", "--jobs", "2"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=120)
 
     assert ok.returncode == 0, ok.stderr
     summary = last_json_line(ok.stdout)

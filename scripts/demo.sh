@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 py=.venv/bin/python
 fixtures=${HINDSIGHT_FIXTURES:-../shared/fixtures}
+port=${PORT:-8000}
+export SITE_URL=${SITE_URL:-http://127.0.0.1:$port}
 
 $py manage.py migrate --noinput -v0
 password_file=var/admin_password
@@ -22,5 +24,5 @@ if ! $py manage.py shell -c 'from incidents.models import Incident; import sys; 
 fi
 
 echo
-echo "Hindsight is at http://127.0.0.1:8000/  (user: admin, password: $(cat "$password_file"))"
-exec $py manage.py runserver --noreload 127.0.0.1:${PORT:-8000}
+echo "Hindsight is at $SITE_URL/  (user: admin, password: $(cat "$password_file"))"
+exec $py manage.py runserver --noreload "127.0.0.1:$port"

@@ -54,6 +54,17 @@ def fixtures_dir() -> Path:
 
 
 @pytest.fixture
+def demo_log() -> Path:
+    """audit2rbac's demo log: 37 requests, impersonation, 403s."""
+    return FIXTURES / "audit" / "audit2rbac-demo.log"
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
 def team(db):
     from incidents.models import Team
 

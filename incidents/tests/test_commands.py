@@ -17,25 +17,11 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from hindsight.testing import requests_in
 from incidents.models import ApiToken, Incident, Membership, Team, Upload
 from timelines.models import Event
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def requests_in(path: Path) -> set[tuple[str, str]]:
-    keys = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            event = json.loads(line)
-            keys.add((event["auditID"],
-                      event.get("requestReceivedTimestamp") or event["timestamp"]))
-    return keys
 
 
 def last_json_line(text: str) -> dict:

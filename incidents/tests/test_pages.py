@@ -20,16 +20,6 @@ SOURCE_CELL = re.compile(r'<td class="src">([^<]*)</td>')
 NEXT_LINK = re.compile(r'<a href="([^"]*)" rel="next">')
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def demo_log(fixtures_dir) -> Path:
-    return fixtures_dir / "audit" / "audit2rbac-demo.log"
-
-
 def lines_of(path: Path) -> list[tuple[int, dict]]:
     return [(n, json.loads(line)) for n, line in
             enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if line.strip()]

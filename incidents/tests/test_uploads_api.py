@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from hindsight.testing import requests_in
 from incidents.models import Incident, Upload
 from timelines.ingest import ingest_upload
 from timelines.models import Event
@@ -21,26 +22,6 @@ from timelines.models import Event
 pytestmark = pytest.mark.django_db
 
 UPLOADS_URL = "/api/v1/uploads/"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def demo_log(fixtures_dir) -> Path:
-    return fixtures_dir / "audit" / "audit2rbac-demo.log"
-
-
-def requests_in(path: Path) -> set[tuple[str, str]]:
-    keys = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            event = json.loads(line)
-            keys.add((event["auditID"],
-                      event.get("requestReceivedTimestamp") or event["timestamp"]))
-    return keys
 
 
 @pytest.fixture

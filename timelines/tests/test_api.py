@@ -25,11 +25,6 @@ LOGS = ("audit2rbac-demo.log", "openshift-requestresponse.log")
 EXTRA_AUDIT_ID = "00000000-test-4000-8000-podslogsubres"
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 # --- the fixture data, read independently ------------------------------------------------------
 
 def parse_time(text: str) -> datetime:

@@ -12,18 +12,11 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from hindsight.testing import requests_in
 from incidents.models import Incident, Upload
 from timelines.models import Event
 
 pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
-
-
-def _requests(path) -> set[tuple[str, str]]:
-    keys = set()
-    for line in path.read_bytes().splitlines():
-        event = orjson.loads(line)
-        keys.add((event["auditID"], event.get("requestReceivedTimestamp") or event["timestamp"]))
-    return keys
 
 
 def test_it_runs_on_sqlite_with_nothing_configured():
@@ -33,7 +26,7 @@ def test_it_runs_on_sqlite_with_nothing_configured():
 def test_ingest_command_merges_files_and_is_idempotent_on_sqlite(fixtures_dir):
     files = [fixtures_dir / "audit" / "audit2rbac-demo.log",
              fixtures_dir / "audit" / "openshift-requestresponse.log"]
-    expected = sum(len(_requests(f)) for f in files)
+    expected = sum(len(requests_in(f)) for f in files)
     out = StringIO()
     call_command("ingest", *map(str, files), incident="embedded", json=True, stdout=out)
     summary = json.loads(out.getvalue().strip().splitlines()[-1])
@@ -107,5 +100,5 @@ def test_an_api_upload_is_ingested_in_a_thread_of_the_web_process(client, owner,
 
     upload = Upload.objects.get(pk=upload_id)
     assert upload.status == Upload.Status.DONE, upload.message
-    assert upload.events == len(_requests(path))
+    assert upload.events == len(requests_in(path))
     assert upload.path == ""  # the uploaded copy is gone once ingested

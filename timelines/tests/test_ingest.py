@@ -29,11 +29,6 @@ pytestmark = pytest.mark.django_db
 SECRET_VALUES = ("MY-KEY", "MY-ID")
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 # --- helpers -----------------------------------------------------------------------------------
 
 def audit_log(fixtures_dir: Path, name: str) -> Path:

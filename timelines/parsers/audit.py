@@ -80,7 +80,6 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     redactor = redactor or Redactor()
     lines, counter = open_lines(raw, report)
     pending: dict[tuple[str, str], tuple[int, dict[str, Any], bytes, int]] = {}
-    seen_events = 0
     rows = 0
     source = report.source
     document: list[bytes] | None = None
@@ -98,23 +97,16 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
         try:
             value = orjson.loads(stripped)
         except orjson.JSONDecodeError as exc:
-            if seen_events == 0 and report.skipped == 0 and _opens_document(stripped):
+            if rows == 0 and not pending and report.skipped == 0 and _opens_document(stripped):
                 # Maybe a pretty-printed document rather than JSON lines: read it whole.
                 document = [line]
                 document_start = number
                 continue
             report.skip(number, _json_reason(stripped, exc))
             continue
-        for event in _events_in(value):
-            error = _check(event)
-            if error:
-                report.skip(number, error)
-                continue
-            seen_events += 1
-            own_line = stripped if value is event else None  # else re-serialised when stored
-            for row in _collapse(event, own_line, number, pending, source, report, redactor):
-                rows += 1
-                yield row
+        for row in _rows_of(value, stripped, number, pending, report, redactor):
+            rows += 1
+            yield row
         if progress is not None and number % 4096 == 0:
             progress(counter.count, rows)
 
@@ -131,15 +123,9 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
                 rows += 1
                 yield row
         if value is not None:
-            for event in _events_in(value):
-                error = _check(event)
-                if error:
-                    report.skip(document_start, error)
-                    continue
-                for row in _collapse(event, None, document_start, pending, source, report,
-                                     redactor):
-                    rows += 1
-                    yield row
+            for row in _rows_of(value, None, document_start, pending, report, redactor):
+                rows += 1
+                yield row
 
     # Requests whose final stage is not in this file: open spans (or merged later in the store).
     for _rank, event, line_bytes, number in pending.values():
@@ -166,12 +152,19 @@ def _reparse_lines(text: bytes, report: Report, redactor: Redactor,
         except orjson.JSONDecodeError as exc:
             report.skip(number, _json_reason(stripped, exc))
             continue
-        for event in _events_in(value):
-            error = _check(event)
-            if error:
-                report.skip(number, error)
-                continue
-            yield from _collapse(event, None, number, pending, report.source, report, redactor)
+        yield from _rows_of(value, stripped, number, pending, report, redactor)
+
+
+def _rows_of(value: Any, line_bytes: bytes | None, number: int, pending: dict, report: Report,
+             redactor: Redactor) -> Iterator[AuditRow]:
+    """Rows completed by one parsed JSON value (an Event, an EventList, a list of Events)."""
+    for event in _events_in(value):
+        error = _check(event)
+        if error:
+            report.skip(number, error)
+            continue
+        own_line = line_bytes if value is event else None  # else re-serialised when stored
+        yield from _collapse(event, own_line, number, pending, report.source, report, redactor)
 
 
 def _opens_document(line: bytes) -> bool:

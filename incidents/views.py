@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 
 from django.conf import settings
@@ -106,6 +107,8 @@ def incident_detail(request, pk):
         "incident": incident,
         "uploads": uploads,
         "any_running": any(not u.finished for u in uploads),
+        "any_failed": any(u.status == Upload.Status.FAILED for u in uploads),
+        "status_counts": sorted(Counter(u.status for u in uploads).items()),
         "can_upload": can_upload(request.user, incident),
         "filterset": filterset,
         "filter_error": error,

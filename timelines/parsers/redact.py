@@ -49,7 +49,9 @@ SENSITIVE_RESOURCES = frozenset({"secrets", "configmaps", "tokenreviews", "route
 # Otherwise a quick look at the raw line decides whether the walk is needed: a few case-sensitive
 # substring tests cost ~1 µs a line, where a case-insensitive regular expression over many
 # alternatives cost ~70 µs.
-TOKEN_NEEDLES = (b"eyJ", b"earer ", b"asic ", b"EARER ", b"ASIC ")
+def _may_hold_token(line: bytes) -> bool:
+    return (b"eyJ" in line or b"earer " in line or b"asic " in line or b"EARER " in line
+            or b"ASIC " in line)
 
 
 class Redactor:
@@ -71,7 +73,7 @@ class Redactor:
         uri = event.get("requestURI")
         if type(uri) is str and "=" in uri and URI_SECRET.search(uri):
             return True
-        return any(needle in raw_line for needle in TOKEN_NEEDLES)
+        return _may_hold_token(raw_line)
 
     def redact_event(self, event: dict[str, Any]) -> int:
         """Redact one audit event in place; returns the number of values replaced."""

@@ -59,6 +59,7 @@ class IntAnyOf(AnyOf):
 
 
 class EventFilterSet(django_filters.FilterSet):
+    kind = AnyOf(help_text="audit, event, log or trace")
     resource = AnyOf(help_text="objectRef.resource, whatever the subresource")
     subresource = AnyOf()
     name = AnyOf()
@@ -75,6 +76,10 @@ class EventFilterSet(django_filters.FilterSet):
     level = AnyOf()
     stage = AnyOf()
     source = AnyOf(help_text="file the event came from")
+    reason = AnyOf(help_text="Event reason")
+    severity = AnyOf()
+    component = AnyOf()
+    node = AnyOf()
     since = django_filters.IsoDateTimeFilter(field_name="received", lookup_expr="gte",
                                              help_text="RFC 3339; received at or after")
     until = django_filters.IsoDateTimeFilter(field_name="received", lookup_expr="lte",

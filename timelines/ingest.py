@@ -50,9 +50,14 @@ ROW_COLUMNS = [f for f in AuditRow._fields if f != "raw"]
 COLUMNS = ["incident_id", "upload_id", *ROW_COLUMNS, "body_chunk", "body_index"]
 _STAGE_RANK_SQL = ("CASE {0}.stage WHEN 'RequestReceived' THEN 0 WHEN 'ResponseStarted' THEN 1 "
                    "ELSE 2 END")
+# A stored row is replaced by a later stage of the same request, or by a later sighting of the
+# same evidence (an Event seen again with a higher count and a later last time).
 _UPDATE_SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c != "incident_id")
-_MERGE_WHERE = (f"{_STAGE_RANK_SQL.format('timelines_event')} < "
-                f"{_STAGE_RANK_SQL.format('EXCLUDED')}")
+_MERGE_WHERE = (f"({_STAGE_RANK_SQL.format('timelines_event')} < "
+                f"{_STAGE_RANK_SQL.format('EXCLUDED')} OR "
+                f"({_STAGE_RANK_SQL.format('timelines_event')} = "
+                f"{_STAGE_RANK_SQL.format('EXCLUDED')} AND "
+                f"EXCLUDED.completed > timelines_event.completed))")
 
 
 # --- entry points ------------------------------------------------------------------------------
@@ -318,16 +323,18 @@ def _values(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow],
                row.subresource, row.namespace, row.name, row.api_group, row.api_version,
                row.object_uid, row.resource_version, row.code, row.level, row.stage,
                row.request_uri, orjson.dumps(row.annotations).decode(), row.source, row.line,
-               chunk_ids[index // CHUNK_ROWS], index % CHUNK_ROWS)
+               row.kind, row.message, row.reason, row.severity, row.component, row.node,
+               row.count, chunk_ids[index // CHUNK_ROWS], index % CHUNK_ROWS)
 
 
 _STAGE_TABLE = "hindsight_stage"
 # Text columns of AuditRow, COPYed as one tab-joined run (see _copy_text).
 _TEXT_FIELDS = ["audit_id", "verb", "username", "impersonated_user", "user_agent", "source_ip",
                 "resource", "subresource", "namespace", "name", "api_group", "api_version",
-                "object_uid", "resource_version", "level", "stage", "request_uri", "source"]
+                "object_uid", "resource_version", "level", "stage", "request_uri", "source",
+                "kind", "message", "reason", "severity", "component", "node"]
 _COPY_COLUMNS = ["incident_id", "upload_id", *_TEXT_FIELDS, "received", "completed",
-                 "duration_ms", "groups", "code", "annotations", "line", "body_chunk",
+                 "duration_ms", "groups", "code", "annotations", "line", "count", "body_chunk",
                  "body_index"]
 # PostgreSQL text cannot hold NUL: it is dropped (it never means anything in these fields).
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r",
@@ -350,7 +357,8 @@ def _copy_text(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow]
         text = "\t".join((r.audit_id, r.verb, r.username, r.impersonated_user, r.user_agent,
                           r.source_ip, r.resource, r.subresource, r.namespace, r.name,
                           r.api_group, r.api_version, r.object_uid, r.resource_version, r.level,
-                          r.stage, r.request_uri, r.source))
+                          r.stage, r.request_uri, r.source, r.kind, r.message, r.reason,
+                          r.severity, r.component, r.node))
         if ("\\" in text or "\n" in text or "\r" in text or "\x00" in text
                 or text.count("\t") != separators):
             text = "\t".join(getattr(r, f).translate(_COPY_ESCAPES) for f in _TEXT_FIELDS)
@@ -366,6 +374,7 @@ def _copy_text(incident_id: int, upload_id: int | None, rows: Sequence[AuditRow]
             f"{_NULL if r.completed is None else r.completed.isoformat()}\t"
             f"{_NULL if r.duration_ms is None else repr(r.duration_ms)}\t{groups}\t"
             f"{_NULL if r.code is None else r.code}\t{annotations}\t{r.line}\t"
+            f"{_NULL if r.count is None else r.count}\t"
             f"{chunk_ids[index // CHUNK_ROWS]}\t{index % CHUNK_ROWS}\n"
         )
     return "".join(out)

@@ -34,12 +34,23 @@ class BodyChunk(models.Model):
 
 
 class Event(models.Model):
+    """One piece of evidence on the timeline: a request, a Kubernetes Event, a log line, a span."""
+
+    class Kind(models.TextChoices):
+        AUDIT = "audit"
+        EVENT = "event"
+        LOG = "log"
+        TRACE = "trace"
+
     # No database-level foreign keys on the hot table: a per-row RI check would cost ingest speed
     # and incidents are deleted through ``timelines.ingest.delete_incident_events`` in bulk.
     incident = models.ForeignKey(Incident, on_delete=models.DO_NOTHING, db_constraint=False,
                                  related_name="events")
     upload = models.ForeignKey(Upload, null=True, on_delete=models.DO_NOTHING,
                                db_constraint=False, related_name="+")
+    kind = models.TextField(choices=Kind.choices, default=Kind.AUDIT)
+    # With ``received``, the identity within the incident: the auditID for requests, a key the
+    # parser derives for other kinds.
     audit_id = models.TextField()
     received = models.DateTimeField()
     completed = models.DateTimeField(null=True)  # None: the request never completed (open span)
@@ -65,6 +76,12 @@ class Event(models.Model):
     annotations = models.JSONField(default=dict)
     source = models.TextField(default="")  # file the final stage came from
     line = models.IntegerField(default=0)  # and its line there
+    message = models.TextField(default="")
+    reason = models.TextField(default="")
+    severity = models.TextField(default="")
+    component = models.TextField(default="")
+    node = models.TextField(default="")
+    count = models.IntegerField(null=True)
     body_chunk = models.BigIntegerField(null=True)
     body_index = models.IntegerField(default=0)
 

@@ -2,7 +2,8 @@
 
 from .audit import AuditRow, parse_audit
 from .audit import sniff as sniff_audit
-from .base import InputError, Report
+from .base import InputError, Report, Row
 from .redact import MARKER, Redactor
 
-__all__ = ["AuditRow", "InputError", "MARKER", "Redactor", "Report", "parse_audit", "sniff_audit"]
+__all__ = ["AuditRow", "InputError", "MARKER", "Redactor", "Report", "Row", "parse_audit",
+           "sniff_audit"]

@@ -1,4 +1,4 @@
-"""What every parser shares: opening (maybe gzipped) input and the per-file report.
+"""What every parser shares: the evidence row, opening (maybe gzipped) input, the per-file report.
 
 No Django imports here or anywhere in ``timelines.parsers``: parsers are pure code, testable
 without a database.
@@ -11,10 +11,56 @@ import io
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from datetime import datetime
+from typing import BinaryIO, NamedTuple
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_KEPT_ERRORS = 20
+
+
+class Row(NamedTuple):
+    """One piece of evidence on an incident's timeline: a request (``kind`` audit), a Kubernetes
+    Event (event), a log line (log) or a timed span from a log such as an apiserver trace
+    (trace). Field order is the store's column order for bulk writes.
+
+    ``(audit_id, received)`` is the row's identity within an incident: ingesting the same
+    evidence again must give the same pair. For audit rows ``audit_id`` is the auditID; other
+    parsers derive a stable key (prefixed with the kind, e.g. ``event:<uid>``).
+    """
+
+    audit_id: str
+    received: datetime  # when it happened or began, timezone-aware
+    completed: datetime | None = None  # when it ended; None for a span that never did
+    duration_ms: float | None = None
+    verb: str = ""
+    username: str = ""
+    groups: tuple[str, ...] | list[str] = ()
+    impersonated_user: str = ""
+    user_agent: str = ""
+    source_ip: str = ""
+    resource: str = ""  # the object, as in an audit objectRef: plural resource name
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+    api_group: str = ""
+    api_version: str = ""
+    object_uid: str = ""
+    resource_version: str = ""
+    code: int | None = None
+    level: str = ""
+    stage: str = ""
+    request_uri: str = ""
+    annotations: dict[str, str] = {}  # noqa: RUF012 - never mutated
+    source: str = ""  # the file it came from
+    line: int = 0  # and the line there
+    raw: bytes = b""  # the evidence as stored for the detail view (JSON), redacted
+    kind: str = "audit"
+    message: str = ""
+    reason: str = ""
+    severity: str = ""  # Normal/Warning for Events; info/warning/error/fatal for logs
+    component: str = ""  # who reported it: Event source, log's program
+    node: str = ""
+    count: int | None = None  # how many times an Event was seen
 
 
 class InputError(Exception):

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from .base import InputError, Report, Row, open_lines
+from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines
 from .redact import Redactor
 
 FINAL_STAGES = frozenset(("ResponseComplete", "Panic"))
@@ -37,13 +37,14 @@ BOM = b"\xef\xbb\xbf"
 AuditRow = Row
 
 
-def sniff(head: bytes) -> bool:
+def sniff(head: bytes, name: str = "") -> bool:
     """True if the first bytes of a (decompressed) file look like audit events."""
     return b'"auditID"' in head and (b"audit.k8s.io" in head or b'"stage"' in head)
 
 
 def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
-                progress=None) -> Iterator[AuditRow]:
+                progress: Progress | None = None,
+                hints: ParseHints | None = None) -> Iterator[AuditRow]:
     """Yield one ``AuditRow`` per request found in ``raw``.
 
     Bad lines are skipped and recorded on ``report`` as ``source:line: reason``; they never stop
@@ -286,3 +287,6 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
         number,
         line_bytes,
     )
+
+
+FORMAT = Format("audit", sniff, parse_audit)

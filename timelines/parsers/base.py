@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import BinaryIO, NamedTuple
@@ -67,6 +67,17 @@ class InputError(Exception):
     """The whole file is unusable (wrong type, nothing recognisable in it)."""
 
 
+@dataclass(frozen=True)
+class ParseHints:
+    """What the surroundings of a file tell its parser: the bundle layout (component, node), or
+    other evidence (the year that a klog header leaves out)."""
+
+    component: str = ""
+    node: str = ""
+    year: int | None = None
+    year_reason: str = ""  # how ``year`` was inferred, for the report
+
+
 @dataclass
 class Report:
     """What a parser saw in one file, beyond the rows it yielded."""
@@ -75,6 +86,9 @@ class Report:
     skipped: int = 0
     redacted: int = 0
     errors: list[str] = field(default_factory=list)
+    # What the format cannot give or what was inferred ("no latency in a GKE export", "year
+    # 2021 taken from the bundle's file times"), shown with the source.
+    notes: list[str] = field(default_factory=list)
     # Set when reading stopped early (truncated gzip): the rows before it were yielded.
     truncated: bool = False
 
@@ -82,6 +96,41 @@ class Report:
         self.skipped += 1
         if len(self.errors) < MAX_KEPT_ERRORS:
             self.errors.append(f"{self.source}:{line}: {reason}")
+
+
+Progress = Callable[[int, int], None]  # (bytes read from the file, rows so far)
+
+
+@dataclass(frozen=True)
+class Format:
+    """A parser as the registry knows it.
+
+    ``sniff(head, name)`` says from the first 64 KiB of a file (decompressed) and its name
+    whether ``parse(raw, report, redactor, progress, hints)`` should read it; ``parse`` yields
+    ``Row``s, records bad lines on ``report`` and raises ``InputError`` when the file holds
+    nothing of its kind.
+    """
+
+    name: str
+    sniff: Callable[[bytes, str], bool]
+    parse: Callable[..., Iterator[Row]]
+
+
+HEAD_BYTES = 64 * 1024
+
+
+def read_head(path, size: int = HEAD_BYTES) -> bytes:
+    """The first ``size`` bytes of a file, gunzipped if it is gzip; b"" if unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(2)
+            handle.seek(0)
+            if start == GZIP_MAGIC:
+                with gzip.GzipFile(fileobj=handle) as unzipped:
+                    return unzipped.read(size)
+            return handle.read(size)
+    except (OSError, EOFError, zlib.error):
+        return b""
 
 
 class CountingReader(io.RawIOBase):

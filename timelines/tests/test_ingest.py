@@ -545,7 +545,7 @@ def test_a_chunk_still_used_by_other_events_survives_a_completion(
 
 def test_bodies_of_more_than_one_chunk_are_each_events_own(incident, fixtures_dir, tmp_path,
                                                             monkeypatch):
-    import timelines.ingest as ingest
+    import timelines.ingest.store as ingest
 
     monkeypatch.setattr(ingest, "CHUNK_ROWS", 4)
     rows = _rows(audit_log(fixtures_dir, "audit2rbac-demo.log"))

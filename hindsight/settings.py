@@ -162,6 +162,12 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2  # larger request bodies stream to a t
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 FILE_UPLOAD_TEMP_DIR = None
 
+# Diagnose bundles: limits on what one bundle may unpack to (bombs and hostile archives fail the
+# entry that breaks them, not the bundle).
+BUNDLE_MAX_BYTES = env_int("HINDSIGHT_BUNDLE_MAX_BYTES", 20 * 1024**3)
+BUNDLE_MAX_FILES = env_int("HINDSIGHT_BUNDLE_MAX_FILES", 100_000)
+BUNDLE_MAX_RATIO = env_int("HINDSIGHT_BUNDLE_MAX_RATIO", 200)
+
 # Redaction: on by default. Extra dotted JSON paths (``*`` matches one key or list item), e.g.
 # ``requestObject.spec.template.spec.containers.*.env.*.value``.
 REDACT = env_bool("HINDSIGHT_REDACT", True)

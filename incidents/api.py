@@ -10,7 +10,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
@@ -32,6 +34,11 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return Incident.objects.visible_to(self.request.user).select_related("team")
 
 
+class FilePagination(LimitOffsetPagination):
+    default_limit = 500
+    max_limit = 5000
+
+
 class UploadViewSet(mixins.CreateModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """``POST`` a file (multipart field ``file``) with ``incident`` (title of a new incident) or
     ``incident_id``; answers 202 and ingests in the background. ``GET {id}/`` reports progress."""
@@ -44,6 +51,13 @@ class UploadViewSet(mixins.CreateModelMixin, mixins.RetrieveModelMixin, viewsets
         return Upload.objects.filter(
             incident__in=Incident.objects.visible_to(self.request.user)
         ).select_related("incident")
+
+    @action(detail=True, pagination_class=FilePagination)
+    def files(self, request, pk=None):
+        """The files inside a bundle, each with its format, status, counts and problems."""
+        bundle = self.get_object()
+        page = self.paginate_queryset(bundle.files.order_by("pk").select_related("incident"))
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
     def create(self, request, *args, **kwargs):
         length = request.META.get("CONTENT_LENGTH") or "0"

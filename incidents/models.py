@@ -76,9 +76,16 @@ class Upload(models.Model):
         RUNNING = "running"
         DONE = "done"
         FAILED = "failed"
+        SKIPPED = "skipped"  # a file inside a bundle that holds no evidence we read
 
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="uploads")
-    name = models.CharField(max_length=500)
+    # A file inside a bundle is an upload of its own, with the bundle as parent.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="files")
+    name = models.CharField(max_length=1000)  # file name, or path inside the bundle
+    format = models.CharField(max_length=40, blank=True)  # parser that read it, or "bundle"
+    hints = models.JSONField(default=dict, blank=True)  # ParseHints from the bundle layout
+    notes = models.JSONField(default=list, blank=True)  # what the format cannot give, inferred
     # Where the file waits for a worker; emptied once ingested (the redacted events are kept,
     # not the original with its secrets).
     path = models.CharField(max_length=1000, blank=True)
@@ -105,7 +112,8 @@ class Upload(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["status", "heartbeat_at"])]
+        indexes = [models.Index(fields=["status", "heartbeat_at"]),
+                   models.Index(fields=["parent", "status"])]
 
     def __str__(self) -> str:
         return self.name
@@ -120,7 +128,7 @@ class Upload(models.Model):
 
     @property
     def finished(self) -> bool:
-        return self.status in (self.Status.DONE, self.Status.FAILED)
+        return self.status in (self.Status.DONE, self.Status.FAILED, self.Status.SKIPPED)
 
 
 def hash_token(key: str) -> str:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db.models import Count
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
@@ -30,12 +31,14 @@ class UploadSerializer(serializers.ModelSerializer):
     url = serializers.SerializerMethodField(help_text="this upload's status URL")
     incident = serializers.SerializerMethodField()
     progress = serializers.SerializerMethodField()
+    files = serializers.SerializerMethodField(help_text="a bundle's files, by status")
 
     class Meta:
         model = Upload
-        fields = ["id", "name", "status", "progress", "bytes_read", "bytes_total", "events",
-                  "new_events", "skipped_lines", "redacted", "errors", "message", "attempts",
-                  "created_at", "started_at", "finished_at", "url", "incident"]
+        fields = ["id", "name", "format", "status", "progress", "bytes_read", "bytes_total",
+                  "events", "new_events", "skipped_lines", "redacted", "errors", "message",
+                  "notes", "attempts", "created_at", "started_at", "finished_at", "url",
+                  "incident", "parent", "files"]
 
     def get_url(self, upload: Upload) -> str:
         request = self.context.get("request")
@@ -47,3 +50,12 @@ class UploadSerializer(serializers.ModelSerializer):
 
     def get_progress(self, upload: Upload) -> float:
         return round(upload.progress, 4)
+
+    def get_files(self, upload: Upload) -> dict | None:
+        """For a bundle: how many of its files are in each status, and where to list them."""
+        if upload.format != "bundle":
+            return None
+        counts = dict(upload.files.values_list("status").annotate(n=Count("pk")))
+        request = self.context.get("request")
+        return {"total": sum(counts.values()), "by_status": counts,
+                "url": reverse("api:upload-files", args=[upload.pk], request=request)}

@@ -23,8 +23,8 @@ from .api import create_upload
 from .models import Incident, Upload
 
 PAGE_ROWS = 100
-FILTER_INPUTS = ["resource", "subresource", "namespace", "name", "user", "impersonated_user",
-                 "verb", "code"]
+FILTER_INPUTS = ["kind", "resource", "subresource", "namespace", "name", "user",
+                 "impersonated_user", "verb", "code", "reason", "node"]
 
 
 @login_required
@@ -85,7 +85,10 @@ def incident_detail(request, pk):
     incident = get_visible_incident(request.user, pk)
     if not settings.CELERY_BROKER_URL:
         requeue_stale_uploads()  # embedded mode has no beat to do it
-    uploads = list(incident.uploads.all())
+    uploads = list(incident.uploads.filter(parent=None))
+    bundles = {u.pk: _bundle_summary(u) for u in uploads if u.format == "bundle"}
+    for upload in uploads:
+        upload.bundle = bundles.get(upload.pk)
     filterset = EventFilterSet(request.GET, queryset=Event.objects.filter(incident=incident))
     events, next_after, error = [], None, None
     if filterset.is_valid():
@@ -117,6 +120,20 @@ def incident_detail(request, pk):
         "filter_inputs": [(name, request.GET.get(name, "")) for name in FILTER_INPUTS],
         "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
     })
+
+
+def _bundle_summary(bundle: Upload) -> dict:
+    """What the incident page shows of a bundle's files: counts by status and by format, and
+    the files that failed or were not used, with why (the first 200)."""
+    files = bundle.files.all()
+    return {
+        "by_status": sorted(Counter(files.values_list("status", flat=True)).items()),
+        "by_format": Counter(files.filter(status=Upload.Status.DONE)
+                             .values_list("format", flat=True)).most_common(),
+        "problems": list(files.exclude(status=Upload.Status.DONE)
+                         .exclude(status__in=[Upload.Status.PENDING, Upload.Status.RUNNING])
+                         .order_by("-status", "pk").values("name", "status", "message")[:200]),
+    }
 
 
 def _parse_after(value: str):

@@ -16,6 +16,7 @@ from django.utils import timezone
 from incidents.models import Upload
 
 from .ingest import fail_upload, ingest_upload
+from .ingest.bundle import finish_bundle
 
 log = logging.getLogger(__name__)
 TRANSIENT = (OperationalError, InterfaceError)
@@ -32,10 +33,11 @@ TRANSIENT = (OperationalError, InterfaceError)
     max_retries=8,
 )
 def ingest_upload_task(self, upload_id: int) -> None:
-    """Ingest one upload. If the upload row has been deleted meanwhile, does nothing; if another
+    """Ingest one upload; a bundle's files each get a task of their own, so that several workers
+    share a large bundle. If the upload row has been deleted meanwhile, does nothing; if another
     worker holds it, does nothing. Retries database errors with backoff; the run is idempotent."""
     try:
-        ingest_upload(upload_id, claimant=self.request.id or None)
+        ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn)
     except SoftTimeLimitExceeded:
         fail_upload(upload_id, f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
                                "and was stopped; the events stored so far are kept")
@@ -45,17 +47,27 @@ def ingest_upload_task(self, upload_id: int) -> None:
         raise
 
 
+def _spawn(upload_ids: list[int]) -> None:
+    for upload_id in upload_ids:
+        ingest_upload_task.delay(upload_id)
+
+
 @shared_task
 def requeue_stale_uploads() -> int:
     """Give uploads whose worker was lost (no heartbeat for ``UPLOAD_STALE_SECONDS``) to a new
     worker, or fail them after ``UPLOAD_MAX_ATTEMPTS``, so that none stays ``running`` forever.
     Returns how many were requeued or failed."""
     stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
+    # An unpacked bundle is not lost while its files are being ingested: its files are watched
+    # one by one, and the last to finish closes it; close any whose closing was missed.
+    count = 0
+    for bundle_id in Upload.objects.filter(status=Upload.Status.RUNNING, format="bundle",
+                                           heartbeat_at__lt=stale).values_list("pk", flat=True):
+        count += finish_bundle(bundle_id)
     lost = Upload.objects.filter(
         Q(status=Upload.Status.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
         | Q(status=Upload.Status.PENDING, created_at__lt=stale, heartbeat_at=None)
-    )
-    count = 0
+    ).exclude(format="bundle")
     for upload in lost.only("pk", "attempts", "status"):
         count += 1
         if upload.attempts >= settings.UPLOAD_MAX_ATTEMPTS:

@@ -136,7 +136,7 @@ def test_ingest_without_json_prints_the_incident_url(audit_files):
 
 
 @pytest.mark.django_db
-def test_ingest_a_directory_takes_every_file_in_it(tmp_path, audit_files):
+def test_ingest_reads_a_directory_as_a_bundle_with_paths_inside_it(tmp_path, audit_files):
     folder = tmp_path / "logs"
     (folder / "node-b").mkdir(parents=True)
     (folder / "a.log").write_bytes(audit_files[0].read_bytes())
@@ -145,7 +145,8 @@ def test_ingest_a_directory_takes_every_file_in_it(tmp_path, audit_files):
     out, _ = run_ingest(folder, incident="dir")
 
     summary = last_json_line(out)
-    assert sorted(u["name"] for u in summary["uploads"]) == ["a.log", "b.log"]
+    assert sorted(u["name"] for u in summary["uploads"]) == ["a.log", "node-b/b.log"]
+    assert [b["files"] for b in summary["bundles"]] == [2]
     assert sum(u["events"] for u in summary["uploads"]) == (
         len(requests_in(audit_files[0])) + len(requests_in(audit_files[1])))
 

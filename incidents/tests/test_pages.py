@@ -78,13 +78,14 @@ def test_incident_page_shows_uploads_and_every_event(owner_client, incident, ing
     page = response.content.decode()
     rows = re.findall(r'<tr data-upload="(\d+)".*?</tr>', page, re.S)
     assert len(rows) == 2
-    good_row = re.search(r'<tr data-upload="\d+"[^>]*>\s*<td>audit2rbac-demo\.log</td>(.*?)</tr>',
-                         page, re.S).group(1)
+    good_row = re.search(r'<tr data-upload="\d+"[^>]*>\s*<td>audit2rbac-demo\.log'
+                         r'(?: <span class="hint">audit</span>)</td>(.*?)</tr>', page,
+                         re.S).group(1)
     assert 'data-field="status">done<' in good_row
     assert f'data-field="events">{len(expected)}<' in good_row
     assert 'data-field="skipped_lines">0<' in good_row
     bad_row = re.search(r'<tr data-upload="\d+"[^>]*>\s*<td>fal_01_003\.json</td>(.*?)</tr>',
-                        page, re.S).group(1)
+                        page, re.S).group(1)  # no format: nothing could read it
     assert 'data-field="status">failed<' in bad_row
     assert "fal_01_003.json" in html.unescape(re.search(r"<strong>(.*?)</strong>", bad_row,
                                                         re.S).group(1))

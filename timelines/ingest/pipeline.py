@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -23,7 +23,18 @@ from django.utils import timezone
 
 from incidents.models import Incident, Upload
 
-from ..parsers import InputError, Redactor, Report, Row, parse_audit
+from ..bundles import is_bundle
+from ..parsers import (
+    InputError,
+    ParseHints,
+    Redactor,
+    Report,
+    Row,
+    describe_unknown,
+    detect,
+    read_head,
+)
+from .bundle import finish_bundle, unpack_upload
 from .store import write_rows
 
 log = logging.getLogger(__name__)
@@ -31,12 +42,18 @@ log = logging.getLogger(__name__)
 BATCH_ROWS = 5_000
 PROGRESS_SECONDS = 1.0
 ANALYZE_AFTER_ROWS = 50_000
+THREAD_MIN_BYTES = 8 * 1024**2
 
 # --- entry points ------------------------------------------------------------------------------
 
 def ingest_upload(upload_id: int, claimant: str | None = None,
-                  on_progress: Callable[[int, int, int], None] | None = None) -> Upload | None:
-    """Ingest one upload, start to finish; returns the finished row.
+                  on_progress: Callable[[int, int, int], None] | None = None,
+                  spawn: Callable[[list[int]], None] | None = None) -> Upload | None:
+    """Ingest one upload, start to finish; returns the row as it then is.
+
+    A bundle is unpacked into one child upload per file inside, which ``spawn(ids)`` ingests
+    (Celery: one task each; default: one after another, here). The bundle finishes with its last
+    file (``bundle.finish_bundle``).
 
     Claims the row with a compare-and-set so that only one worker ingests it: a pending upload,
     or one that this same claimant (a retried or redelivered task) or a lost worker (no heartbeat
@@ -59,7 +76,18 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
     if upload is None:
         return None
     try:
-        _run(upload, on_progress)
+        if upload.parent_id is None and (upload.format == "bundle" or is_bundle(Path(upload.path))):
+            children = unpack_upload(upload)
+            if spawn is None:
+                for child in children:
+                    ingest_upload(child)
+            else:
+                spawn(children)
+            finish_bundle(upload.pk)
+        else:
+            _run(upload, on_progress)
+            if upload.parent_id is not None:
+                finish_bundle(upload.parent_id)
     except Exception:
         # Leave the row claimable by the retry (same claimant) and let the caller decide.
         Upload.objects.filter(pk=upload_id, claimed_by=claimant).update(heartbeat_at=None)
@@ -87,18 +115,34 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
                 message=f"{upload.name}: the uploaded file is no longer on disk")
         return
     total = path.stat().st_size
-    Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, events=0)
     report = Report(upload.name)
+    head = read_head(path)
+    parser = detect(head, upload.name)
+    Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, events=0,
+                                               format=parser.name if parser else "")
+    if parser is None:
+        reason = describe_unknown(head)
+        if upload.parent_id is not None:  # a bundle's file that holds nothing we read: listed
+            _finish(upload, Upload.Status.SKIPPED, report, message=reason)
+        else:
+            _finish(upload, Upload.Status.FAILED, report,
+                    message=f"{upload.name}: not evidence Hindsight reads ({reason})")
+        return
+    hints = _hints(upload.hints)
     redactor = Redactor(settings.REDACT_EXTRA_PATHS, enabled=settings.REDACT)
     progress = _Progress(upload.pk, report, total, on_progress)
     # A writer thread has its own connection, which cannot see rows of a transaction that the
-    # caller holds open (tests, nested use): then write inline.
-    writer = _BatchWriter(upload.incident_id, upload.pk, threaded=not connection.in_atomic_block)
+    # caller holds open (tests, nested use): then write inline. A small file is written inline
+    # too: a thread and a connection of its own cost more than the overlap gains (a bundle holds
+    # thousands of small files).
+    threaded = total >= THREAD_MIN_BYTES and not connection.in_atomic_block
+    writer = _BatchWriter(upload.incident_id, upload.pk, threaded=threaded)
     writer.start()
     try:
         with path.open("rb") as handle:
             batch: list[Row] = []
-            for row in parse_audit(handle, report, redactor, progress=progress.parsed):
+            for row in parser.parse(handle, report, redactor, progress=progress.parsed,
+                                    hints=hints):
                 batch.append(row)
                 if len(batch) >= BATCH_ROWS:
                     writer.put(batch)
@@ -124,18 +168,28 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
             cursor.execute("ANALYZE timelines_event")
 
 
+def _hints(stored: dict) -> ParseHints | None:
+    """ParseHints from their JSON form on the upload row."""
+    if not stored:
+        return None
+    fields = {k: v for k, v in stored.items() if k in ParseHints.__dataclass_fields__}
+    if isinstance(fields.get("collected"), str):
+        fields["collected"] = datetime.fromisoformat(fields["collected"])
+    return ParseHints(**fields)
+
+
 def _finish(upload: Upload, status: str, report: Report, *, message: str = "", rows: int = 0,
             new: int = 0, bytes_read: int | None = None) -> None:
     fields = dict(status=status, message=message, events=rows, new_events=new,
-                  skipped_lines=report.skipped, redacted=report.redacted,
-                  errors=report.errors, finished_at=timezone.now(), heartbeat_at=timezone.now())
+                  skipped_lines=report.skipped, redacted=report.redacted, errors=report.errors,
+                  notes=report.notes, finished_at=timezone.now(), heartbeat_at=timezone.now())
     if bytes_read is not None:
         fields["bytes_read"] = bytes_read
-    Upload.objects.filter(pk=upload.pk).update(**fields)
     if upload.path_is_copy and upload.path:
         # The original may hold secrets; what is kept is the redacted evidence in the store.
         Path(upload.path).unlink(missing_ok=True)
-        Upload.objects.filter(pk=upload.pk).update(path="")
+        fields["path"] = ""
+    Upload.objects.filter(pk=upload.pk).update(**fields)
 
 
 class _Progress:
@@ -149,7 +203,7 @@ class _Progress:
         self.total = total
         self.on_progress = on_progress
         self.rows = 0
-        self.last = 0.0
+        self.last = time.monotonic()  # the run has just written its start
 
     def parsed(self, bytes_read: int, rows: int) -> None:
         self.rows = rows

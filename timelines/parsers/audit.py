@@ -16,7 +16,7 @@ soon as its final stage is seen.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
@@ -101,18 +101,69 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
                 rows += 1
                 yield row
 
-    # Requests whose final stage is not in this file: open spans (or merged later in the store).
-    for _rank, event, line_bytes, number in pending.values():
-        row = _row(event, line_bytes, number, source, report, redactor)
-        if row is not None:
-            rows += 1
-            yield row
-    pending.clear()
+    for row in _flush(pending, report, redactor):
+        rows += 1
+        yield row
     if progress is not None:
         progress(counter.count, rows)
     if rows == 0:
         reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
         raise InputError(f"{source}: no kube-apiserver audit events found{reasons}")
+
+
+def _flush(pending: dict, report: Report, redactor: Redactor) -> Iterator[AuditRow]:
+    """Requests whose final stage is not in this file: open spans (or merged later in the store).
+    Empties ``pending``."""
+    for _rank, event, line_bytes, number in pending.values():
+        row = _row(event, line_bytes, number, report.source, report, redactor)
+        if row is not None:
+            yield row
+    pending.clear()
+
+
+class NativeEvents:
+    """Native audit events met one at a time inside another envelope (a CloudWatch message, an
+    AKS record, an OpenTelemetry log record, a YAML document), made into rows exactly as
+    ``parse_audit`` makes them from a log: same checks and skip reasons, the same stage collapse
+    across the whole file, the same ``raw``, the same ``(audit_id, received)``.
+
+    ``feed`` yields the rows an event completes; ``flush`` (once, at the end of the file) yields
+    the requests still open. Neither raises ``InputError``: whether a file held nothing usable is
+    the envelope parser's call.
+    """
+
+    def __init__(self, report: Report, redactor: Redactor | None = None) -> None:
+        self.report = report
+        self.redactor = redactor or Redactor()
+        self.pending: dict[tuple[str, str], tuple[int, dict[str, Any], bytes, int]] = {}
+
+    def feed(self, value: Any, number: int, line_bytes: bytes | None = None) -> Iterator[AuditRow]:
+        """Rows completed by ``value`` (an Event, an EventList or a list of Events) found at
+        line ``number``. ``line_bytes`` is the event's JSON text exactly as the apiserver wrote
+        it (stored as ``raw`` when nothing needs redacting, as ``parse_audit`` stores its lines),
+        or None to store it re-serialised."""
+        return _rows_of(value, line_bytes, number, self.pending, self.report, self.redactor)
+
+    def flush(self) -> Iterator[AuditRow]:
+        """The requests whose final stage never came, as open spans."""
+        return _flush(self.pending, self.report, self.redactor)
+
+
+def rows_from_events(events: Iterable[tuple[Any, int, bytes | None]], report: Report,
+                     redactor: Redactor | None = None) -> Iterator[AuditRow]:
+    """Rows for ``(value, line, line_bytes)`` triples of native audit events (see
+    ``NativeEvents.feed``), collapsed across all of them and flushed at the end."""
+    native = NativeEvents(report, redactor)
+    for value, number, line_bytes in events:
+        yield from native.feed(value, number, line_bytes)
+    yield from native.flush()
+
+
+def parse_time(value: Any) -> datetime:
+    """An audit or envelope timestamp (RFC 3339, up to nanoseconds, offset optional: UTC) as an
+    aware datetime, read exactly as audit rows read ``requestReceivedTimestamp`` so that other
+    envelopes give the same ``received``. Raises ``ValueError`` for anything else."""
+    return _parse_time(value)
 
 
 def _reparse_lines(text: bytes, report: Report, redactor: Redactor,

@@ -76,6 +76,9 @@ class ParseHints:
     node: str = ""
     year: int | None = None
     year_reason: str = ""  # how ``year`` was inferred, for the report
+    # When the bundle was collected: the logs end before it, which settles the year of a log
+    # that runs across New Year.
+    collected: datetime | None = None
 
 
 @dataclass

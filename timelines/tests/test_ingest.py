@@ -343,14 +343,16 @@ def test_missing_file_fails(incident, fixtures_dir, tmp_path):
     assert not Event.objects.filter(incident=incident).exists()
 
 
-def test_file_that_is_not_an_audit_log_fails(incident, ingest_file, fixtures_dir):
-    path = fixtures_dir / "klog" / "kind-kube-apiserver.txt"
+def test_file_that_is_no_evidence_fails_and_says_why(incident, ingest_file, fixtures_dir):
+    # AdmissionReview captures: JSON lines about Kubernetes objects, but no audit log
+    path = fixtures_dir / "admission" / "kube-audit-rest.log"
 
     upload = ingest_file(incident, path)
 
     assert upload.status == Upload.Status.FAILED
     assert path.name in upload.message
-    assert upload.skipped_lines > 0
+    assert "not evidence Hindsight reads (JSON" in upload.message
+    assert not Event.objects.filter(incident=incident).exists()
 
 
 # --- redaction at rest -------------------------------------------------------------------------

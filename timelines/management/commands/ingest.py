@@ -1,8 +1,10 @@
 """``manage.py ingest PATH [PATH ...] --incident TITLE [--json]``: the whole pipeline in-process.
 
 A contract for scripts and CI: with ``--json`` the last line on stdout is one JSON object
-``{"incident": {"id", "url"}, "uploads": [{"name", "status", "events", "skipped_lines",
-"redacted", "errors"}]}``; the exit code is 0 only if every upload is ``done``.
+``{"incident": {"id", "url"}, "uploads": [{"name", "format", "status", "events",
+"skipped_lines", "redacted", "errors"}], "bundles": [...]}`` with one entry per file (a bundle's
+files each have their own, ``name`` being the path inside the bundle; files holding nothing we
+read are ``skipped`` with the reason in ``message``); the exit code is 0 only if no file failed.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import multiprocessing
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 from django.conf import settings
@@ -18,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 
 from incidents.models import Incident, Team, Upload
+from timelines.bundles import is_bundle
 from timelines.ingest import create_local_upload, ingest_upload
 
 
@@ -31,11 +35,14 @@ def _ingest_in_child(upload_id: int) -> int:
 
 
 class Command(BaseCommand):
-    help = "Ingest audit log files into an incident, in this process, and wait for the result."
+    help = ("Ingest evidence (audit logs, Events, component logs, diagnose bundles) into an "
+            "incident, in this process, and wait for the result.")
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("paths", nargs="+", help="audit log files (.log, .json, .gz) or "
-                                                     "directories of them")
+        parser.add_argument("paths", nargs="+",
+                            help="evidence files (audit logs, Events, component logs; gzipped or "
+                                 "not), diagnose bundles (.tar, .tar.gz, .tar.xz, .zip) or "
+                                 "directories (read as bundles)")
         target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--incident", help="title of a new incident")
         target.add_argument("--incident-id", type=int, help="add to this existing incident")
@@ -50,49 +57,87 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         incident = self._incident(options)
         uploads = []
-        for path in self._files(options["paths"]):
-            if path.is_file():
+        for path in map(Path, options["paths"]):
+            if path.is_file() or path.is_dir():  # a directory is read as a bundle
                 uploads.append(create_local_upload(incident, path))
             else:
                 uploads.append(Upload.objects.create(
                     incident=incident, name=str(path), path_is_copy=False,
                     status=Upload.Status.FAILED, message=f"{path}: no such file",
                     errors=[f"{path}: no such file"]))
-        pending = [u for u in uploads if u.status == Upload.Status.PENDING]
-        jobs = min(len(pending), self._jobs(options["jobs"]))
+        # Bundles are unpacked first; then every file, loose or from a bundle, is ingested.
+        files: list[int] = []
+        for upload in uploads:
+            if upload.status != Upload.Status.PENDING:
+                continue
+            if is_bundle(Path(upload.path)):
+                self.stderr.write(f"{upload.name}: unpacking …", style_func=str)
+                ingest_upload(upload.pk, spawn=files.extend)
+            else:
+                files.append(upload.pk)
+        jobs = min(len(files), self._jobs(options["jobs"]))
         if jobs > 1:
-            self._ingest_in_processes(pending, jobs, options["json"])
+            self._ingest_in_processes(files, jobs, options["json"])
         else:
-            for upload in pending:
-                ingest_upload(upload.pk, on_progress=self._progress(upload.name))
+            for upload_id in files:
+                name = Upload.objects.filter(pk=upload_id).values_list("name", flat=True)[0]
+                ingest_upload(upload_id, on_progress=self._progress(name))
                 if self.stderr.isatty():
                     self.stderr.write("\r\033[K", ending="", style_func=str)
-                self._report(Upload.objects.get(pk=upload.pk), options["json"])
-        results = list(Upload.objects.filter(pk__in=[u.pk for u in uploads]).order_by("pk"))
-        for upload in results:
-            if upload.pk not in {u.pk for u in pending}:
+                self._report(Upload.objects.get(pk=upload_id), options["json"])
+        top = list(Upload.objects.filter(pk__in=[u.pk for u in uploads]).order_by("pk"))
+        # One entry per file: a bundle's files stand for the bundle.
+        entries = []
+        for upload in top:
+            inside = list(upload.files.order_by("pk"))
+            entries.extend(inside or [upload])
+            if upload.pk not in files and not inside:
                 self._report(upload, options["json"])
+            if inside:
+                self._report_bundle(upload, inside, options["json"])
         url = settings.SITE_URL + incident.get_absolute_url()
         if options["json"]:
             summary = {
                 "incident": {"id": incident.pk, "title": incident.title, "url": url},
                 "uploads": [
+                    {"id": u.pk, "name": u.name, "format": u.format, "status": u.status,
+                     "events": u.events, "new_events": u.new_events,
+                     "skipped_lines": u.skipped_lines, "redacted": u.redacted,
+                     "errors": u.errors, "message": u.message, "notes": u.notes}
+                    for u in entries
+                ],
+                "bundles": [
                     {"id": u.pk, "name": u.name, "status": u.status, "events": u.events,
-                     "new_events": u.new_events, "skipped_lines": u.skipped_lines,
-                     "redacted": u.redacted, "errors": u.errors, "message": u.message}
-                    for u in results
+                     "files": u.files.count(), "message": u.message}
+                    for u in top if u.format == "bundle"
                 ],
             }
             self.stdout.write(json.dumps(summary))
         else:
             self.stdout.write(f"Incident {incident.pk}: {url}")
-        failed = [u for u in results if u.status != Upload.Status.DONE]
+        failed = [u for u in entries if u.status == Upload.Status.FAILED]
         if failed:
             sys.stdout.flush()
-            raise CommandError(f"{len(failed)} of {len(results)} uploads did not finish: "
-                               + ", ".join(u.name for u in failed))
+            raise CommandError(f"{len(failed)} of {len(entries)} files failed: "
+                               + ", ".join(u.name for u in failed[:10])
+                               + (" …" if len(failed) > 10 else ""))
+
+    def _report_bundle(self, bundle: Upload, files: list[Upload], as_json: bool) -> None:
+        by_status = Counter(f.status for f in files)
+        by_format = Counter(f.format for f in files if f.status == Upload.Status.DONE)
+        line = (f"{bundle.name}: {bundle.status}, {len(files)} files ("
+                + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items())) + "); "
+                + ", ".join(f"{n} {fmt}" for fmt, n in by_format.most_common())
+                + f"; {bundle.events} events, {bundle.redacted} values redacted")
+        if bundle.message:
+            line += f" — {bundle.message}"
+        for failed in [f for f in files if f.status == Upload.Status.FAILED][:10]:
+            line += f"\n  {failed.message or failed.name}"
+        (self.stderr if as_json else self.stdout).write(line)
 
     def _report(self, upload: Upload, as_json: bool) -> None:
+        if upload.parent_id is not None:
+            return  # a bundle's file: the bundle's summary speaks for it
         line = (f"{upload.name}: {upload.status}, {upload.events} events "
                 f"({upload.new_events} new), {upload.skipped_lines} lines skipped, "
                 f"{upload.redacted} values redacted")
@@ -114,13 +159,13 @@ class Command(BaseCommand):
             raise CommandError("--jobs must be at least 1")
         return wanted
 
-    def _ingest_in_processes(self, uploads: list[Upload], jobs: int, as_json: bool) -> None:
+    def _ingest_in_processes(self, upload_ids: list[int], jobs: int, as_json: bool) -> None:
         """Each file in a forked process with its own database connection: parsing is
         CPU-bound Python, so threads would share one core."""
         connections.close_all()  # a forked child must not share the parent's socket
         context = multiprocessing.get_context("fork")
         with context.Pool(jobs, maxtasksperchild=1) as pool:
-            for upload_id in pool.imap_unordered(_ingest_in_child, [u.pk for u in uploads]):
+            for upload_id in pool.imap_unordered(_ingest_in_child, upload_ids):
                 self._report(Upload.objects.get(pk=upload_id), as_json)
 
     def _progress(self, name: str):
@@ -150,12 +195,3 @@ class Command(BaseCommand):
                 raise CommandError(f"no team {options['team']!r} (create_api_token USER "
                                    f"--team {options['team']} makes one)")
         return Incident.objects.create(title=options["incident"], team=team)
-
-    @staticmethod
-    def _files(paths: list[str]):
-        for name in paths:
-            path = Path(name)
-            if path.is_dir():
-                yield from sorted(p for p in path.rglob("*") if p.is_file())
-            else:
-                yield path

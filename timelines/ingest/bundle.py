@@ -1,0 +1,133 @@
+"""A diagnose bundle as uploads: one child upload per file inside, each ingested on its own.
+
+``unpack_upload`` extracts the bundle safely (``timelines.bundles``) into a work directory next to
+the uploads and makes a child ``Upload`` for every file: ``pending`` for files a parser may read
+(with the layout's hints: component, node, year), ``failed`` for entries refused as hostile or
+over a limit, ``skipped`` (set by the pipeline) for files that hold nothing we read. The children
+are independent uploads, so several workers share a large bundle. ``finish_bundle`` closes the
+bundle when its last file has finished: counts summed, the first problems collected, the work
+directory removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from incidents.models import Upload
+
+from ..bundles import Limits, unpack
+from ..parsers.base import MAX_KEPT_ERRORS
+
+PROGRESS_SECONDS = 1.0
+
+
+def work_dir(upload: Upload) -> Path:
+    return Path(settings.UPLOAD_DIR) / f"bundle-{upload.pk}"
+
+
+def unpack_upload(upload: Upload) -> list[int]:
+    """Unpack a bundle upload into child uploads; returns the ids of those still to ingest.
+
+    Run again for the same bundle (a redelivered task), it starts over from the archive: the
+    children of the earlier attempt and their extracted files are removed first (their stored
+    events stay, and the idempotent merge makes ingesting them again harmless).
+    """
+    workdir = work_dir(upload)
+    upload.files.all().delete()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    limits = Limits(max_total_bytes=settings.BUNDLE_MAX_BYTES,
+                    max_files=settings.BUNDLE_MAX_FILES,
+                    max_ratio=settings.BUNDLE_MAX_RATIO)
+    children = []
+    total = 0
+    for member in unpack(Path(upload.path), workdir, limits):
+        child = Upload(
+            incident_id=upload.incident_id, parent=upload, name=member.name[:1000],
+            uploaded_by_id=upload.uploaded_by_id, path_is_copy=True,
+            bytes_total=member.size, hints=_hints(member.hints),
+        )
+        if member.refused:
+            child.status = Upload.Status.FAILED
+            child.message = f"{member.name}: {member.refused}"
+            child.errors = [child.message]
+            child.finished_at = timezone.now()
+        else:
+            child.path = str(member.path)
+            total += member.size
+        children.append(child)
+    with transaction.atomic():
+        Upload.objects.bulk_create(children, batch_size=1000)
+        Upload.objects.filter(pk=upload.pk).update(
+            format="bundle", bytes_total=total, bytes_read=0, heartbeat_at=timezone.now())
+    return list(upload.files.filter(status=Upload.Status.PENDING)
+                .order_by("pk").values_list("pk", flat=True))
+
+
+def _hints(hints) -> dict:
+    """ParseHints as JSON for the upload row."""
+    stored = {k: v for k, v in dataclasses.asdict(hints).items() if v not in ("", None)}
+    if stored.get("collected") is not None:
+        stored["collected"] = stored["collected"].isoformat()
+    return stored
+
+
+def finish_bundle(bundle_id: int) -> bool:
+    """Close the bundle if all its files have finished; True if this call closed it.
+
+    Safe to call after every file from any worker: only the call that moves the bundle from
+    ``running`` to ``done`` (a compare-and-set) does the closing work.
+    """
+    files = Upload.objects.filter(parent_id=bundle_id)
+    if files.filter(status__in=[Upload.Status.PENDING, Upload.Status.RUNNING]).exists():
+        _update_progress(bundle_id)
+        return False
+    totals = files.aggregate(events=Sum("events"), new_events=Sum("new_events"),
+                             skipped_lines=Sum("skipped_lines"), redacted=Sum("redacted"),
+                             bytes_read=Sum("bytes_total"))
+    errors: list[str] = []
+    for file_errors in files.exclude(errors=[]).values_list("errors", flat=True):
+        errors.extend(file_errors[: MAX_KEPT_ERRORS - len(errors)])
+        if len(errors) >= MAX_KEPT_ERRORS:
+            break
+    failed = files.filter(status=Upload.Status.FAILED).count()
+    usable = files.filter(status=Upload.Status.DONE).count()
+    message = ""
+    if failed:
+        message = f"{failed} of {files.count()} files failed"
+    if not usable:
+        message = message or "no file in the bundle holds evidence Hindsight reads"
+    closed = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).update(
+        status=Upload.Status.DONE if usable else Upload.Status.FAILED,
+        message=message, errors=errors, finished_at=timezone.now(), heartbeat_at=timezone.now(),
+        **{k: v or 0 for k, v in totals.items()},
+    )
+    if closed:
+        bundle = Upload.objects.get(pk=bundle_id)
+        shutil.rmtree(work_dir(bundle), ignore_errors=True)
+        if bundle.path_is_copy and bundle.path:
+            Path(bundle.path).unlink(missing_ok=True)
+            Upload.objects.filter(pk=bundle_id).update(path="")
+    return bool(closed)
+
+
+def _update_progress(bundle_id: int) -> None:
+    """The bundle's progress is its finished files' bytes; also its heartbeat, so that a bundle
+    whose files are busy on other workers is not taken for lost. At most once a second: a bundle
+    of thousands of small files would otherwise sum its files after each one."""
+    recent = timezone.now() - timedelta(seconds=PROGRESS_SECONDS)
+    if Upload.objects.filter(pk=bundle_id, heartbeat_at__gt=recent).exists():
+        return
+    finished = Upload.objects.filter(parent_id=bundle_id).exclude(
+        status__in=[Upload.Status.PENDING, Upload.Status.RUNNING])
+    done = finished.aggregate(bytes=Sum("bytes_total"), events=Sum("events"))
+    Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).update(
+        bytes_read=done["bytes"] or 0, events=done["events"] or 0, heartbeat_at=timezone.now())

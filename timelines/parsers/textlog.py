@@ -1,0 +1,390 @@
+"""Node and pod logs as plain text into one ``log`` row per entry.
+
+Accepted input (gzipped or not), one entry per line that starts with a time:
+
+- ``journalctl`` output: ``short`` (``Jul 14 06:27:08 node-1 kubelet[1234]: message``),
+  ``short-precise`` (the same with microseconds), ``short-iso`` and ``short-iso-precise``
+  (``2021-07-14T06:27:08+0000 node-1 kubelet[1234]: message``); the journal's own marker lines
+  (``-- Logs begin at …``, ``-- Boot …``, ``-- No entries --``) are not entries;
+- pod and container logs whose lines start with an RFC 3339 time: ``kubectl logs --timestamps``,
+  CRI files (``2021-07-14T06:27:08.262884123Z stdout F message``, ``P`` for a partial line that
+  the next one completes), docker json-file lines (``{"log": …, "stream": …, "time": …}``);
+- close relatives met in bundles: ISO times with a space or a comma (``2021-07-14 06:27:08,123
+  INFO …``, taken as UTC when they carry no zone), logrus text (``time="…" level=info msg=…``),
+  the Kubernetes e2e framework's ``Dec 13 17:06:53.480: INFO: …``, and klog lines mixed into such
+  files.
+
+A line with no time continues the entry before it (joined with "\\n"); before any entry it is
+skipped and recorded. Files that are mostly klog belong to ``klog`` (which also reads klog behind a
+runtime prefix): ``sniff`` says False for them.
+
+Rows: ``component`` is the journal's program (kubelet, crio, hyperkube…), else ``hints.component``,
+else a component named by the file name; ``node`` is the journal's host, else ``hints.node``;
+``severity`` only when the message says it plainly (a klog header, ``level=error``, a leading
+``ERROR``/``WARN``/``INFO`` word, etcd's ``E |``), else "".
+
+The year of the ``short`` format and of klog headers is inferred as in ``klog`` (see
+``klog.YearInference``), with one more source: a journal header's ``end at <date>`` gives the year
+of the lines after it. ``report.notes`` says which rule chose it. Times without a zone are read
+as UTC (noted).
+
+Identity: ``log:`` + sha1(component, node, host, program, pid, message)[:20] + ``:`` + occurrence
+of that text at that time, so that the same line collected with or without a runtime prefix
+gets the same key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import BinaryIO
+
+import orjson
+
+from . import klog
+from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines
+from .klog import (
+    KLOG_HEADER,
+    MONTHS,
+    PROGRESS_EVERY,
+    SEVERITY,
+    Entry,
+    KeyMaker,
+    YearInference,
+    guess_component,
+    micros,
+    parse_rfc3339,
+    redact_values,
+    sniff_lines,
+)
+from .redact import Redactor
+
+MONTH = r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+SYSLOG_TIME = rf"{MONTH} +(\d{{1,2}}) (\d\d):(\d\d):(\d\d)(?:\.(\d{{1,9}}))?"
+# host, then program with an optional [pid], then ":" — the part of a journal line after its time.
+JOURNAL_TAIL = r"([A-Za-z0-9][\w.-]*) ([^\s\[\]]+?)(?:\[(\d+)\])?:(?: (.*)|$)"
+JOURNAL_SHORT = re.compile(rf"{SYSLOG_TIME} {JOURNAL_TAIL}")
+JOURNAL_TAIL_RE = re.compile(JOURNAL_TAIL)
+BARE_SYSLOG = re.compile(rf"{SYSLOG_TIME}:? (.*)")  # e2e framework: "Dec 13 17:06:53.480: INFO: …"
+ISO_START = re.compile(
+    r"(\d{4}-\d\d-\d\d)([T ])(\d\d:\d\d:\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?(?:[ \t]|$)"
+)
+CRI_TAIL = re.compile(r"(stdout|stderr) ([A-Z](?::[A-Z])*)(?: |$)")
+LOGFMT_TIME = re.compile(r'time="([^"]+)"(?: |$)')
+JOURNAL_MARKER = re.compile(r"-- .*--\s*$")
+JOURNAL_END = re.compile(
+    r"-- (?:Logs begin|Journal begins) at .*?(?:end|ends) at \w+ (\d{4})-(\d\d)-(\d\d) "
+)
+LEVEL_VALUE = re.compile(r"""(?:\blevel=|"level"\s*:\s*)"?([A-Za-z]+)""")
+LEVEL_WORD = re.compile(r"\b(ERROR|ERR|FATAL|PANIC|CRITICAL|CRIT|WARNING|WARN|INFO|NOTICE)\b")
+ETCD_LEVEL = re.compile(r"([IWEFN]) \| ")
+LEVELS = {
+    "error": "error", "err": "error", "eror": "error",
+    "fatal": "fatal", "panic": "fatal", "critical": "fatal", "crit": "fatal", "emerg": "fatal",
+    "alert": "fatal",
+    "warning": "warning", "warn": "warning", "warng": "warning",
+    "info": "info", "notice": "info",
+}
+ETCD_LEVELS = {"I": "info", "N": "info", "W": "warning", "E": "error", "F": "fatal"}
+SNIFF_LINES = 40
+
+
+@dataclass(slots=True)
+class _Start:
+    """What the first line of an entry says."""
+
+    when: datetime | None  # a full time, or None when ``yearless`` holds the date
+    message: str
+    yearless: tuple[int, int, int, int, int, int] | None = None  # month, day, h, m, s, µs
+    host: str = ""
+    program: str = ""
+    pid: str = ""
+    stream: str = ""
+    partial: bool = False  # a CRI "P" line or a docker line without its newline
+    severity: str = ""
+    location: str = ""
+    thread: str = ""
+    zoned: bool = True
+
+
+def _classify(text: str) -> _Start | None:
+    """The entry a line starts, or None for a line without a time (a continuation)."""
+    first = text[:1]
+    if first == "{":
+        return _docker(text)
+    if first.isdigit():
+        return _iso(text)
+    if first == "t" and text.startswith('time="'):
+        match = LOGFMT_TIME.match(text)
+        if match:
+            try:
+                when = parse_rfc3339(match.group(1).replace(" ", "T", 1))
+            except ValueError:
+                return None
+            return _Start(when, text[match.end():])
+        return None
+    if first in "JFMASOND":
+        match = JOURNAL_SHORT.match(text)
+        if match:
+            return _Start(None, match.group(10) or "", _syslog_date(match), match.group(7),
+                          match.group(8), match.group(9) or "")
+        match = BARE_SYSLOG.match(text)
+        if match:
+            return _Start(None, match.group(7), _syslog_date(match))
+    if first in "IWEF":
+        match = KLOG_HEADER.match(text)
+        if match:
+            return _Start(
+                None, text[match.end():],
+                (int(match.group(2)), int(match.group(3)), int(match.group(4)),
+                 int(match.group(5)), int(match.group(6)), micros(match.group(7))),
+                severity=SEVERITY[match.group(1)],
+                location=f"{match.group(9)}:{match.group(10)}", thread=match.group(8) or "",
+            )
+    return None
+
+
+def _syslog_date(match: re.Match[str]) -> tuple[int, int, int, int, int, int]:
+    return (MONTHS[match.group(1)], int(match.group(2)), int(match.group(3)),
+            int(match.group(4)), int(match.group(5)), micros(match.group(6)))
+
+
+def _docker(text: str) -> _Start | None:
+    if '"log"' not in text:
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not (isinstance(value, dict) and isinstance(value.get("log"), str)
+            and isinstance(value.get("time"), str)):
+        return None
+    try:
+        when = parse_rfc3339(value["time"])
+    except ValueError:
+        return None
+    log = value["log"]
+    stream = value.get("stream")
+    return _Start(when, log.removesuffix("\n").removesuffix("\r"),
+                  stream=stream if isinstance(stream, str) else "",
+                  partial=not log.endswith("\n"))
+
+
+def _iso(text: str) -> _Start | None:
+    match = ISO_START.match(text)
+    if not match:
+        return None
+    date, separator, clock, fraction, zone = match.groups()
+    try:
+        when = datetime.fromisoformat(f"{date}T{clock}").replace(microsecond=micros(fraction))
+        if zone and zone != "Z":
+            sign = -1 if zone[0] == "-" else 1
+            digits = zone[1:].replace(":", "")
+            offset = timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+            when = (when - sign * offset).replace(tzinfo=UTC)
+        else:
+            when = when.replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    rest = text[match.end():]
+    if zone and separator == "T":
+        cri = CRI_TAIL.match(rest)
+        if cri:
+            return _Start(when, rest[cri.end():], stream=cri.group(1),
+                          partial="P" in cri.group(2).split(":"))
+        if zone != "Z":
+            # journalctl -o short-iso writes a numeric offset (+0000), never Z, then host and
+            # program; kubectl --timestamps and CRI write Z.
+            journal = JOURNAL_TAIL_RE.match(rest)
+            if journal:
+                return _Start(when, journal.group(4) or "", host=journal.group(1),
+                              program=journal.group(2), pid=journal.group(3) or "")
+    return _Start(when, rest, zoned=bool(zone))
+
+
+def guess_severity(message: str) -> str:
+    """info/warning/error/fatal when the message says so plainly, else ""."""
+    header = KLOG_HEADER.match(message)
+    if header:
+        return SEVERITY[header.group(1)]
+    start = message[:300]
+    level = LEVEL_VALUE.search(start)
+    if level:
+        return LEVELS.get(level.group(1).lower(), "")
+    etcd = ETCD_LEVEL.match(message)
+    if etcd:
+        return ETCD_LEVELS[etcd.group(1)]
+    word = LEVEL_WORD.search(message[:40])
+    if word:
+        return LEVELS[word.group(1).lower()]
+    return ""
+
+
+def sniff(head: bytes, name: str = "") -> bool:
+    """True when most of the first non-empty lines (journal markers aside) start with a time of
+    a shape this parser reads, and the file is not klog (``klog.sniff``)."""
+    lines = [line for line in sniff_lines(head, SNIFF_LINES * 2)
+             if not JOURNAL_MARKER.match(line)][:SNIFF_LINES]
+    if not lines:
+        return False
+    hits = sum(1 for line in lines if _classify(line) is not None)
+    return hits * 2 > len(lines) and not klog.sniff(head, name)
+
+
+@dataclass
+class _TextEntry(Entry):
+    host: str = ""
+    program: str = ""
+    pid: str = ""
+    stream: str = ""
+
+
+class _TextParser:
+    def __init__(self, report: Report, redactor: Redactor, hints: ParseHints) -> None:
+        self.report = report
+        self.redactor = redactor
+        self.component = hints.component or guess_component(report.source)
+        self.node = hints.node
+        self.years = YearInference(report, hints,
+                                   "the dates that carry none (journal short format, klog)")
+        self.keys = KeyMaker(self.component, self.node)
+        self.entry: _TextEntry | None = None
+        self.partial: tuple[int, _Start] | None = None
+        self.entries = 0
+        self.zone_noted = False
+
+    def feed(self, number: int, raw: bytes) -> Iterator[Row]:
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if number == 1:
+            text = text.lstrip("\ufeff")
+        if text.startswith("-- ") and JOURNAL_MARKER.match(text):
+            yield from self._flush()
+            end = JOURNAL_END.match(text)
+            if end:
+                try:
+                    when = datetime(int(end.group(1)), int(end.group(2)), int(end.group(3)),
+                                    tzinfo=UTC)
+                except ValueError:
+                    return
+                self.years.last_date(when, f"from the journal header on line {number} "
+                                           f"(entries end at {when.date().isoformat()})")
+            return
+        start = _classify(text)
+        if self.partial is not None:
+            first_line, pending = self.partial
+            self.partial = None
+            if start is not None and start.when is not None:
+                # The rest of a line that the runtime split: same entry, no newline between.
+                pending.message += start.message
+                if start.partial and len(pending.message) < klog.MAX_ENTRY_CHARS:
+                    self.partial = (first_line, pending)
+                    return
+                yield from self._start(first_line, pending)
+                return
+            yield from self._start(first_line, pending)
+        if start is None:
+            if self.entry is not None:
+                self.entry.add(text)
+            elif text.strip():
+                self.report.skip(number, f"no time at the start of the line and no entry before "
+                                         f"it to continue ({text[:60]!r})")
+            return
+        if start.partial:
+            self.partial = (number, start)
+            return
+        yield from self._start(number, start)
+
+    def _start(self, number: int, start: _Start) -> Iterator[Row]:
+        try:
+            received = self._time(start, number)
+        except ValueError as exc:
+            self.report.skip(number, f"a time that is not a date ({exc})")
+            return
+        yield from self._flush()
+        severity = start.severity or guess_severity(start.message)
+        digest = self.keys.digest()
+        digest.update(f"{start.host}\x00{start.program}\x00{start.pid}\x00".encode())
+        digest.update(start.message.encode("utf-8", "surrogatepass"))
+        self.entry = _TextEntry(number, received, severity, start.location, start.thread, digest,
+                                [start.message], len(start.message), host=start.host,
+                                program=start.program, pid=start.pid, stream=start.stream)
+
+    def _time(self, start: _Start, number: int) -> datetime:
+        if start.when is not None:
+            self.years.anchor(start.when)
+            if not start.zoned and not self.zone_noted:
+                self.zone_noted = True
+                self.report.notes.append(f"times without a zone (from line {number}) are read "
+                                         f"as UTC")
+            return start.when
+        assert start.yearless is not None
+        if not self.zone_noted:
+            self.zone_noted = True
+            self.report.notes.append(f"times without a zone (from line {number}) are read as UTC")
+        return self.years.date(*start.yearless, number)
+
+    def _flush(self) -> Iterator[Row]:
+        entry, self.entry = self.entry, None
+        if entry is None:
+            return
+        self.entries += 1
+        values = {"message": entry.message()}
+        redact_values(values, self.redactor, self.report)
+        message = values["message"]
+        component = entry.program or self.component
+        node = entry.host or self.node
+        annotations: dict[str, str] = {}
+        for key, value in (("pid", entry.pid), ("stream", entry.stream),
+                           ("location", entry.location), ("thread", entry.thread)):
+            if value:
+                annotations[key] = value
+        raw = orjson.dumps({
+            "time": entry.received, "severity": entry.severity,
+            "component": component, "node": node, **annotations, "message": message,
+        })
+        yield Row(
+            self.keys.key("log", entry.digest.hexdigest(), entry.received), entry.received,
+            entry.received, 0.0, annotations=annotations, source=self.report.source,
+            line=entry.line, raw=raw, kind="log", message=message, severity=entry.severity,
+            component=component, node=node,
+        )
+
+    def finish(self) -> Iterator[Row]:
+        if self.partial is not None:
+            first_line, pending = self.partial
+            self.partial = None
+            yield from self._start(first_line, pending)
+        yield from self._flush()
+        self.years.finish()
+
+
+def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
+          progress: Progress | None = None, hints: ParseHints | None = None) -> Iterator[Row]:
+    """Yield a ``log`` row per timestamped entry in ``raw`` (journal text or pod log).
+
+    Lines that cannot be dated are skipped and recorded on ``report``; they never stop the file.
+    ``progress(bytes_read, rows)`` is called every 4096 lines. Raises ``InputError`` when the
+    file holds no timestamped entry.
+    """
+    parser = _TextParser(report, redactor or Redactor(), hints or ParseHints())
+    lines, counter = open_lines(raw, report)
+    rows = 0
+    for number, line in enumerate(lines, start=1):
+        for row in parser.feed(number, line):
+            rows += 1
+            yield row
+        if progress is not None and number % PROGRESS_EVERY == 0:
+            progress(counter.count, rows)
+    for row in parser.finish():
+        rows += 1
+        yield row
+    if progress is not None:
+        progress(counter.count, rows)
+    if parser.entries == 0:
+        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
+        raise InputError(f"{report.source}: no timestamped log lines found{reasons}")
+
+
+FORMAT = Format("text-log", sniff, parse)

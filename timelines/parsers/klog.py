@@ -61,7 +61,7 @@ from .base import (
     Row,
     open_lines,
 )
-from .redact import URI_SECRET, Redactor, _redact_strings
+from .redact import URI_SECRET, Redactor, redact_strings
 
 SEVERITY = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
 # Lmmdd hh:mm:ss.uuuuuu threadid file:line] — the thread id is padded with spaces; some klog
@@ -336,7 +336,7 @@ def redact_values(values: dict[str, str], redactor: Redactor, report: Report) ->
             if n:
                 values[key] = new_value
                 count += n
-    count += _redact_strings(values)
+    count += redact_strings(values)
     report.redacted += count
 
 

@@ -49,7 +49,7 @@ SENSITIVE_RESOURCES = frozenset({"secrets", "configmaps", "tokenreviews", "route
 # Otherwise a quick look at the raw line decides whether the walk is needed: a few case-sensitive
 # substring tests cost ~1 µs a line, where a case-insensitive regular expression over many
 # alternatives cost ~70 µs.
-def _may_hold_token(line: bytes) -> bool:
+def may_hold_token(line: bytes) -> bool:
     return (b"eyJ" in line or b"earer " in line or b"asic " in line or b"EARER " in line
             or b"ASIC " in line)
 
@@ -73,7 +73,7 @@ class Redactor:
         uri = event.get("requestURI")
         if type(uri) is str and "=" in uri and URI_SECRET.search(uri):
             return True
-        return _may_hold_token(raw_line)
+        return may_hold_token(raw_line)
 
     def redact_event(self, event: dict[str, Any]) -> int:
         """Redact one audit event in place; returns the number of values replaced."""
@@ -96,7 +96,7 @@ class Redactor:
         for path in self.extra_paths:
             count += _redact_path(event, path)
         # Finally any string anywhere (user.extra, annotations, messages) that carries a token.
-        count += _redact_strings(event)
+        count += redact_strings(event)
         return count
 
 
@@ -243,7 +243,9 @@ def _redact_path(node: Any, path: list[str]) -> int:
     return count
 
 
-def _redact_strings(node: Any) -> int:
+def redact_strings(node: Any) -> int:
+    """Replace bearer/basic credentials and JWTs in every string under ``node`` (a dict or list),
+    in place; returns the number of values replaced."""
     count = 0
     if isinstance(node, dict):
         items = node.items()
@@ -260,5 +262,5 @@ def _redact_strings(node: Any) -> int:
                     node[key] = new_value
                     count += n + m
         elif isinstance(value, (dict, list)):
-            count += _redact_strings(value)
+            count += redact_strings(value)
     return count

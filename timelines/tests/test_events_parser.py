@@ -280,7 +280,7 @@ def test_must_gather_events_yaml_give_one_row_per_event(must_gather):
 def test_big_yaml_list_read_item_by_item_gives_the_same_rows(must_gather, monkeypatch):
     path = must_gather["openshift-kube-apiserver-operator"]
     whole, _ = parse_file(path)
-    monkeypatch.setattr(events, "BIG_YAML_DOCUMENT", 1024)
+    monkeypatch.setattr(events.documents, "BIG_YAML_DOCUMENT", 1024)
     itemwise, report = parse_file(path)
     assert itemwise == whole
     assert report.skipped == 0
@@ -645,7 +645,7 @@ def test_audit_log_is_not_read_as_events():
 
 
 def test_document_over_the_size_cap_raises_input_error(monkeypatch):
-    monkeypatch.setattr(events, "MAX_DOCUMENT_BYTES", 2048)
+    monkeypatch.setattr(events.documents, "MAX_DOCUMENT_BYTES", 2048)
     big = [core_event(name=f"e.{i}", uid=f"u-{i}") for i in range(20)]
     with pytest.raises(InputError, match="over 2048 bytes"):
         parse(json.dumps({"kind": "EventList", "items": big}, indent=2).encode())

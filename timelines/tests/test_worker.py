@@ -130,3 +130,36 @@ def test_a_killed_worker_s_upload_runs_again_without_losing_or_doubling_events(
     assert upload.attempts >= 2
     assert Event.objects.filter(incident_id=upload.incident_id).count() == requests
     assert upload.events == requests
+
+
+def test_a_bundle_s_files_are_ingested_by_tasks_of_their_own(client, owner, token_for, worker,
+                                                             fixtures_dir, tmp_path):
+    import io
+    import tarfile
+
+    audit = fixtures_dir / "audit"
+    sources = {"cp-1/kube-apiserver-audit.log": audit / "audit2rbac-demo.log",
+               "cp-2/kube-apiserver-audit.log": audit / "openshift-requestresponse.log",
+               "cp-1/kube-controller-manager.log":
+                   fixtures_dir / "klog" / "kind-kube-controller-manager.txt"}
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as archive:
+        for name, source in sources.items():
+            data = source.read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    upload_id = _post(client, token_for(owner), bundle, "bundle via worker")
+
+    upload = _wait(upload_id, lambda u: u.finished)
+
+    files = list(Upload.objects.filter(parent_id=upload_id))
+    assert upload.status == Upload.Status.DONE, upload.message
+    assert {f.name for f in files} == set(sources)
+    assert all(f.status == Upload.Status.DONE for f in files), [f.message for f in files]
+    # each file was claimed by a Celery task of its own, none by the bundle's task
+    claimants = {f.claimed_by for f in files} | {upload.claimed_by}
+    assert len(claimants) == len(files) + 1
+    assert not any(c.startswith("local-") for c in claimants)
+    assert upload.events == sum(f.events for f in files) == Event.objects.filter(
+        incident_id=upload.incident_id).count()

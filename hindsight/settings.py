@@ -176,6 +176,7 @@ REDACT_EXTRA_PATHS = env_list("HINDSIGHT_REDACT_PATHS")
 # Celery. Without a broker the embedded default runs ingest in a thread of the same process.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
 CELERY_RESULT_BACKEND = None
+CELERY_TASK_DEFAULT_QUEUE = env_str("HINDSIGHT_QUEUE", "celery")  # where ingest tasks go
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True

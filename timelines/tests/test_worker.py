@@ -47,6 +47,7 @@ def worker(worker_queue, tmp_path):
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "HINDSIGHT_DATA_DIR": str(tmp_path / "worker-data"),
+        "HINDSIGHT_QUEUE": worker_queue,  # where the worker sends the tasks it spawns
     }
     log = (tmp_path / "worker.log").open("wb")
     process = subprocess.Popen(

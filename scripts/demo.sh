@@ -18,8 +18,10 @@ DJANGO_SUPERUSER_PASSWORD=$(cat "$password_file") \
   $py manage.py createsuperuser --noinput --username admin --email admin@localhost 2>/dev/null || true
 
 if ! $py manage.py shell -c 'from incidents.models import Incident; import sys; sys.exit(0 if Incident.objects.filter(title="Demo: fixture audit logs").exists() else 1)' 2>/dev/null; then
-  # One fixture (falco/fal_01_003.json) is malformed on purpose: its upload shows the error.
+  # Audit logs, Kubernetes Events, component logs and a sonobuoy bundle on one timeline. One
+  # fixture (falco/fal_01_003.json) is malformed on purpose: its upload shows the error.
   $py manage.py ingest "$fixtures"/audit/*.log "$fixtures"/audit/falco/*.json \
+    "$fixtures"/events/* "$fixtures"/klog/* "$fixtures"/bundles/sonobuoy-results-0.10.tar.gz \
     --incident "Demo: fixture audit logs" || true
 fi
 

@@ -17,12 +17,11 @@ soon as its final stage is seen.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 import orjson
 
-from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines
+from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines, parse_time
 from .redact import Redactor
 
 FINAL_STAGES = frozenset(("ResponseComplete", "Panic"))
@@ -159,13 +158,6 @@ def rows_from_events(events: Iterable[tuple[Any, int, bytes | None]], report: Re
     yield from native.flush()
 
 
-def parse_time(value: Any) -> datetime:
-    """An audit or envelope timestamp (RFC 3339, up to nanoseconds, offset optional: UTC) as an
-    aware datetime, read exactly as audit rows read ``requestReceivedTimestamp`` so that other
-    envelopes give the same ``received``. Raises ``ValueError`` for anything else."""
-    return _parse_time(value)
-
-
 def _reparse_lines(text: bytes, report: Report, redactor: Redactor,
                    pending: dict, first_line: int = 1) -> Iterator[AuditRow]:
     for number, line in enumerate(text.split(b"\n"), start=first_line):
@@ -253,24 +245,6 @@ def _collapse(event: dict[str, Any], line_bytes: bytes | None, number: int,
         pending[key] = (rank, event, line_bytes, number)
 
 
-def _parse_time(value: Any) -> datetime:
-    if type(value) is not str:
-        raise ValueError(f"timestamp {value!r} is not a string")
-    if len(value) == 27 and value[26] == "Z":  # the apiserver's own form, microseconds
-        return datetime.fromisoformat(value)
-    text = value.strip()
-    # fromisoformat takes at most microseconds; apiservers write micro, some exporters nano.
-    if "." in text:
-        head, _, tail = text.partition(".")
-        digits = len(tail) - len(tail.lstrip("0123456789"))
-        if digits > 6:
-            text = f"{head}.{tail[:6]}{tail[digits:]}"
-    parsed = datetime.fromisoformat(text)
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed
-
-
 def _row(event: dict[str, Any], line_bytes: bytes | None, number: int, source: str,
          report: Report, redactor: Redactor) -> AuditRow | None:
     """The row for a request's last seen stage, or None (recorded on ``report``) when a field
@@ -290,12 +264,12 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
             report.redacted += replaced
             line_bytes = orjson.dumps(event)
     stage = event["stage"]
-    received = _parse_time(event.get("requestReceivedTimestamp") or event.get("timestamp"))
+    received = parse_time(event.get("requestReceivedTimestamp") or event.get("timestamp"))
     completed = duration = None
     if stage in FINAL_STAGES:
         stage_time = event.get("stageTimestamp") or (event.get("metadata") or {}).get(
             "creationTimestamp") or event.get("timestamp")
-        completed = _parse_time(stage_time)
+        completed = parse_time(stage_time)
         duration = (completed - received).total_seconds() * 1000.0
     user = event.get("user") or {}
     impersonated = event.get("impersonatedUser") or {}

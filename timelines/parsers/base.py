@@ -11,8 +11,8 @@ import io
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import BinaryIO, NamedTuple
+from datetime import UTC, datetime
+from typing import Any, BinaryIO, NamedTuple
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_KEPT_ERRORS = 20
@@ -61,6 +61,19 @@ class Row(NamedTuple):
     component: str = ""  # who reported it: Event source, log's program
     node: str = ""
     count: int | None = None  # how many times an Event was seen
+
+
+def parse_time(value: Any) -> datetime:
+    """An RFC 3339 time as an aware datetime in UTC: fractions past microseconds are truncated
+    (Python 3.11 reads the runtime's nanoseconds), no offset means UTC. Every parser reads times
+    through here, so the same instant from two formats is the same ``received``. Raises
+    ``ValueError`` for anything else."""
+    if type(value) is not str:
+        raise ValueError(f"timestamp {value!r} is not a string")
+    parsed = datetime.fromisoformat(value.strip())
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed if parsed.tzinfo is UTC else parsed.astimezone(UTC)
 
 
 class InputError(Exception):

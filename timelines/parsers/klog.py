@@ -60,6 +60,7 @@ from .base import (
     Report,
     Row,
     open_lines,
+    parse_time,
 )
 from .redact import URI_SECRET, Redactor, redact_strings
 
@@ -136,25 +137,6 @@ def guess_component(name: str) -> str:
         if pattern.search(base):
             return "crio" if component == "cri-o" else component
     return ""
-
-
-def parse_rfc3339(text: str) -> datetime:
-    """An RFC 3339 time (nanoseconds allowed, truncated to microseconds) as aware UTC."""
-    try:
-        parsed = datetime.fromisoformat(text)  # 3.11 reads the runtime's nanoseconds too
-    except ValueError:
-        parsed = None
-    if parsed is not None and parsed.tzinfo is UTC:
-        return parsed
-    if "." in text:
-        head, _, tail = text.partition(".")
-        digits = len(tail) - len(tail.lstrip("0123456789"))
-        if digits > 6:
-            text = f"{head}.{tail[:6]}{tail[digits:]}"
-    parsed = datetime.fromisoformat(text)
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
 
 
 def micros(fraction: str | None) -> int:
@@ -362,7 +344,7 @@ def unwrap(text: str) -> tuple[datetime | None, str, bool, str]:
         if (isinstance(value, dict) and isinstance(value.get("log"), str)
                 and isinstance(value.get("time"), str)):
             try:
-                when = parse_rfc3339(value["time"])
+                when = parse_time(value["time"])
             except ValueError:
                 return None, text, False, ""
             log = value["log"]
@@ -373,14 +355,14 @@ def unwrap(text: str) -> tuple[datetime | None, str, bool, str]:
         match = CRI_PREFIX.match(text)
         if match:
             try:
-                when = parse_rfc3339(match.group(1))
+                when = parse_time(match.group(1))
             except ValueError:
                 return None, text, False, ""
             return when, text[match.end():], "P" in match.group(3).split(":"), match.group(2)
         match = TIMESTAMP_PREFIX.match(text)
         if match:
             try:
-                when = parse_rfc3339(match.group(1))
+                when = parse_time(match.group(1))
             except ValueError:
                 return None, text, False, ""
             return when, text[match.end():], False, ""

@@ -44,7 +44,7 @@ from typing import BinaryIO
 import orjson
 
 from . import klog
-from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines
+from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines, parse_time
 from .klog import (
     KLOG_HEADER,
     MONTHS,
@@ -55,7 +55,6 @@ from .klog import (
     YearInference,
     guess_component,
     micros,
-    parse_rfc3339,
     redact_values,
     sniff_lines,
 )
@@ -120,7 +119,7 @@ def _classify(text: str) -> _Start | None:
         match = LOGFMT_TIME.match(text)
         if match:
             try:
-                when = parse_rfc3339(match.group(1).replace(" ", "T", 1))
+                when = parse_time(match.group(1).replace(" ", "T", 1))
             except ValueError:
                 return None
             return _Start(when, text[match.end():])
@@ -162,7 +161,7 @@ def _docker(text: str) -> _Start | None:
             and isinstance(value.get("time"), str)):
         return None
     try:
-        when = parse_rfc3339(value["time"])
+        when = parse_time(value["time"])
     except ValueError:
         return None
     log = value["log"]

@@ -33,6 +33,10 @@ def work_dir(upload: Upload) -> Path:
     return Path(settings.UPLOAD_DIR) / f"bundle-{upload.pk}"
 
 
+def remove_work_dir(upload: Upload) -> None:
+    shutil.rmtree(work_dir(upload), ignore_errors=True)
+
+
 def unpack_upload(upload: Upload) -> list[int]:
     """Unpack a bundle upload into child uploads; returns the ids of those still to ingest.
 
@@ -112,7 +116,7 @@ def finish_bundle(bundle_id: int) -> bool:
     )
     if closed:
         bundle = Upload.objects.get(pk=bundle_id)
-        shutil.rmtree(work_dir(bundle), ignore_errors=True)
+        remove_work_dir(bundle)
         if bundle.path_is_copy and bundle.path:
             Path(bundle.path).unlink(missing_ok=True)
             Upload.objects.filter(pk=bundle_id).update(path="")

@@ -34,7 +34,7 @@ from ..parsers import (
     detect,
     read_head,
 )
-from .bundle import finish_bundle, unpack_upload
+from .bundle import finish_bundle, remove_work_dir, unpack_upload
 from .store import write_rows
 
 log = logging.getLogger(__name__)
@@ -97,11 +97,15 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
 
 def fail_upload(upload_id: int, message: str) -> None:
     """Mark an upload failed (unless it finished meanwhile) and delete Hindsight's copy of its
-    file, which may hold secrets."""
+    file, which may hold secrets, and a bundle's unpacked files."""
     changed = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
         status=Upload.Status.FAILED, message=message, finished_at=timezone.now())
-    upload = Upload.objects.filter(pk=upload_id, path_is_copy=True).exclude(path="").first()
-    if changed and upload is not None:
+    upload = Upload.objects.filter(pk=upload_id).first()
+    if not changed or upload is None:
+        return
+    if upload.format == "bundle":
+        remove_work_dir(upload)
+    if upload.path_is_copy and upload.path:
         Path(upload.path).unlink(missing_ok=True)
         Upload.objects.filter(pk=upload_id).update(path="")
 

@@ -145,3 +145,21 @@ def test_real_bundles_ingest_every_file_or_say_why_not(member, fixtures_dir):
         assert entry["status"] in ("done", "skipped", "failed"), entry
         if entry["status"] != "done":
             assert entry["message"], entry
+
+
+def test_a_failed_bundle_leaves_no_unpacked_files_behind(bundle, tmp_path):
+    from timelines.ingest import fail_upload
+
+    incident = Incident.objects.create(title="lost")
+    copy = tmp_path / "copy.tar.gz"
+    copy.write_bytes(bundle.read_bytes())
+    upload = Upload.objects.create(incident=incident, name=copy.name, path=str(copy),
+                                   path_is_copy=True, status=Upload.Status.RUNNING)
+    unpack_upload(upload)
+    assert any(work_dir(upload).rglob("*"))
+
+    fail_upload(upload.pk, "the worker was lost 3 times")
+
+    assert not work_dir(upload).exists()
+    assert not copy.exists()
+    assert Upload.objects.get(pk=upload.pk).status == Upload.Status.FAILED

@@ -30,7 +30,10 @@ FILTER_INPUTS = ["kind", "resource", "subresource", "namespace", "name", "user",
 @login_required
 def incident_list(request):
     incidents = (Incident.objects.visible_to(request.user).select_related("team")
-                 .annotate(upload_count=Count("uploads"), event_count=Sum("uploads__new_events")))
+                 .annotate(upload_count=Count("uploads", filter=Q(uploads__parent=None)),
+                           # a bundle already sums its files
+                           event_count=Sum("uploads__new_events",
+                                           filter=Q(uploads__parent=None))))
     return render(request, "incidents/list.html", {
         "incidents": incidents,
         "teams": upload_teams(request.user),

@@ -291,3 +291,30 @@ def test_bad_page_cursor_is_404(owner_client, incident):
     response = owner_client.get(incident.get_absolute_url(), {"after": "not-a-time|x"})
 
     assert response.status_code == 404
+
+
+def test_the_incident_list_counts_a_bundle_s_events_once(owner_client, incident, tmp_path,
+                                                         fixtures_dir):
+    import io
+    import tarfile
+
+    from hindsight.testing import requests_in
+    from incidents.models import Upload
+    from timelines.ingest import ingest_upload
+
+    log = fixtures_dir / "audit" / "audit2rbac-demo.log"
+    bundle = tmp_path / "b.tar"
+    with tarfile.open(bundle, "w") as archive:
+        info = tarfile.TarInfo("node/audit.log")
+        info.size = log.stat().st_size
+        archive.addfile(info, io.BytesIO(log.read_bytes()))
+    upload = Upload.objects.create(incident=incident, name="b.tar", path=str(bundle),
+                                   path_is_copy=False)
+    ingest_upload(upload.pk)
+
+    page = owner_client.get(reverse("incidents:list")).content.decode()
+
+    link = re.escape(f'<td><a href="{incident.get_absolute_url()}">')
+    row = re.search(link + r".*?</tr>", page, re.S)
+    cells = re.findall(r"<td>(\d+)</td>", row.group(0))
+    assert cells == ["1", str(len(requests_in(log)))]  # one upload, its events once

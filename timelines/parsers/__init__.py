@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from . import audit, envelopes, events, klog, textlog
+from . import audit, envelopes, events, gke_logs, klog, textlog
 from .audit import AuditRow, parse_audit
 from .audit import sniff as sniff_audit
 from .base import Format, InputError, ParseHints, Report, Row, read_head
@@ -15,8 +15,8 @@ from .redact import MARKER, Redactor
 
 # Order matters where sniffs overlap: envelopes hold native events (a native sniff could claim an
 # OTLP file), and legacy audit text looks like a plain log to the text-log sniff.
-FORMATS: list[Format] = [*envelopes.FORMATS, audit.FORMAT, events.FORMAT, klog.FORMAT,
-                         textlog.FORMAT]
+FORMATS: list[Format] = [*envelopes.FORMATS, gke_logs.FORMAT, audit.FORMAT, events.FORMAT,
+                         klog.FORMAT, textlog.FORMAT]
 
 
 def detect(head: bytes, name: str) -> Format | None:

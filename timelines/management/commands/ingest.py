@@ -25,12 +25,14 @@ from timelines.bundles import is_bundle
 from timelines.ingest import create_local_upload, ingest_upload
 
 
-def _ingest_in_child(upload_id: int) -> int:
+def _start_child() -> None:
+    # The forked copy of the parent's connection must not be used: each process opens its own,
+    # once, and keeps it for all the files it ingests (a bundle holds thousands of small ones).
     connections.close_all()
-    try:
-        ingest_upload(upload_id)
-    finally:
-        connections.close_all()
+
+
+def _ingest_in_child(upload_id: int) -> int:
+    ingest_upload(upload_id)
     return upload_id
 
 
@@ -160,11 +162,11 @@ class Command(BaseCommand):
         return wanted
 
     def _ingest_in_processes(self, upload_ids: list[int], jobs: int, as_json: bool) -> None:
-        """Each file in a forked process with its own database connection: parsing is
-        CPU-bound Python, so threads would share one core."""
-        connections.close_all()  # a forked child must not share the parent's socket
+        """Files ingested by ``jobs`` forked processes, each with its own database connection:
+        parsing is CPU-bound Python, so threads would share one core."""
+        connections.close_all()  # nothing of the parent's connection is handed to the children
         context = multiprocessing.get_context("fork")
-        with context.Pool(jobs, maxtasksperchild=1) as pool:
+        with context.Pool(jobs, initializer=_start_child) as pool:
             for upload_id in pool.imap_unordered(_ingest_in_child, upload_ids):
                 self._report(Upload.objects.get(pk=upload_id), as_json)
 

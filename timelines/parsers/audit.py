@@ -21,7 +21,17 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines, parse_time
+from .base import (
+    Format,
+    InputError,
+    ParseHints,
+    Progress,
+    Report,
+    Row,
+    nothing_found,
+    open_lines,
+    parse_time,
+)
 from .redact import Redactor
 
 FINAL_STAGES = frozenset(("ResponseComplete", "Panic"))
@@ -106,8 +116,7 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     if progress is not None:
         progress(counter.count, rows)
     if rows == 0:
-        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
-        raise InputError(f"{source}: no kube-apiserver audit events found{reasons}")
+        raise nothing_found(report, "no kube-apiserver audit events found")
 
 
 def _flush(pending: dict, report: Report, redactor: Redactor) -> Iterator[AuditRow]:

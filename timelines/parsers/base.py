@@ -9,10 +9,10 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_KEPT_ERRORS = 20
@@ -78,6 +78,42 @@ def parse_time(value: Any) -> datetime:
 
 class InputError(Exception):
     """The whole file is unusable (wrong type, nothing recognisable in it)."""
+
+
+def nothing_found(report: Report, what: str) -> InputError:
+    """The error for a file in which a parser found none of ``what``, naming the file and the
+    first problem it met there."""
+    reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
+    return InputError(f"{report.source}: {what}{reasons}")
+
+
+class LineParser(Protocol):
+    """A parser that takes a file line by line and may hold an entry open across lines."""
+
+    def feed(self, number: int, line: bytes) -> Iterable[Row]: ...
+
+    def finish(self) -> Iterable[Row]: ...
+
+
+PROGRESS_EVERY = 4096  # lines between progress calls
+
+
+def feed_lines(parser: LineParser, lines: Iterable[bytes], counter: CountingReader,
+               progress: Progress | None) -> Iterator[Row]:
+    """Every line into ``parser``, then its last open entries, calling ``progress(bytes read,
+    rows)`` every ``PROGRESS_EVERY`` lines and at the end."""
+    rows = 0
+    for number, line in enumerate(lines, start=1):
+        for row in parser.feed(number, line):
+            rows += 1
+            yield row
+        if progress is not None and number % PROGRESS_EVERY == 0:
+            progress(counter.count, rows)
+    for row in parser.finish():
+        rows += 1
+        yield row
+    if progress is not None:
+        progress(counter.count, rows)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,14 @@ from typing import Any, BinaryIO
 
 from . import gke, legacy
 from .audit import BOM, NativeEvents
-from .base import Format, InputError, ParseHints, Progress, Report, Row
+from .base import (
+    Format,
+    ParseHints,
+    Progress,
+    Report,
+    Row,
+    nothing_found,
+)
 from .envelope_base import (
     count_note,
     json_values,
@@ -309,8 +316,7 @@ def _native_rows(events: Iterator[tuple[Any, int, bytes | None]], report: Report
     if progress is not None:
         progress(counter.count, rows)
     if rows == 0:
-        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
-        raise InputError(f"{report.source}: {nothing}{reasons}")
+        raise nothing_found(report, nothing)
 
 
 EKS_FORMAT = Format("eks-cloudwatch", sniff_eks, parse_eks)

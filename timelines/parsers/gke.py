@@ -31,7 +31,14 @@ from typing import Any, BinaryIO
 import orjson
 
 from .audit import BOM, NativeEvents, parse_time
-from .base import Format, InputError, ParseHints, Progress, Report, Row
+from .base import (
+    Format,
+    ParseHints,
+    Progress,
+    Report,
+    Row,
+    nothing_found,
+)
 from .envelope_base import (
     count_note,
     looks_like_native_event,
@@ -97,8 +104,7 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     if progress is not None:
         progress(counter.count, rows)
     if rows == 0:
-        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
-        raise InputError(f"{report.source}: no Kubernetes or GKE audit entries found{reasons}")
+        raise nothing_found(report, "no Kubernetes or GKE audit entries found")
 
 
 def _entries(value: Any) -> Iterator[tuple[Any, str]]:

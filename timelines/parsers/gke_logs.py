@@ -34,7 +34,15 @@ from urllib.parse import unquote
 import orjson
 
 from .audit import BOM
-from .base import Format, InputError, ParseHints, Progress, Report, Row, parse_time
+from .base import (
+    Format,
+    ParseHints,
+    Progress,
+    Report,
+    Row,
+    nothing_found,
+    parse_time,
+)
 from .envelope_base import count_note, read_document, values_of
 from .gke import _entries
 from .redact import Redactor, redact_strings
@@ -108,9 +116,8 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     if progress is not None:
         progress(counter.count, rows)
     if rows == 0:
-        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
-        raise InputError(f"{report.source}: no GKE node or container log entries "
-                         f"(textPayload/jsonPayload) found{reasons}")
+        raise nothing_found(report, "no GKE node or container log entries "
+                                    "(textPayload/jsonPayload) found")
 
 
 def _not_log(entry: Any) -> str | None:

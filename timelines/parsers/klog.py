@@ -54,11 +54,12 @@ import orjson
 from .base import (
     HEAD_BYTES,
     Format,
-    InputError,
     ParseHints,
     Progress,
     Report,
     Row,
+    feed_lines,
+    nothing_found,
     open_lines,
     parse_time,
 )
@@ -124,7 +125,6 @@ HALF_YEAR = timedelta(days=183)
 SAME_WRITE = timedelta(seconds=1)
 PRESCAN_BYTES = 64 * 1024
 SNIFF_LINES = 40
-PROGRESS_EVERY = 4096
 
 
 # --- shared with textlog ----------------------------------------------------------------------
@@ -739,21 +739,9 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     head, lines = prescanned(lines)
     parser.prescan(head)
     del head
-    rows = 0
-    for number, line in enumerate(lines, start=1):
-        for row in parser.feed(number, line):
-            rows += 1
-            yield row
-        if progress is not None and number % PROGRESS_EVERY == 0:
-            progress(counter.count, rows)
-    for row in parser.finish():
-        rows += 1
-        yield row
-    if progress is not None:
-        progress(counter.count, rows)
+    yield from feed_lines(parser, lines, counter, progress)
     if parser.entries == 0:
-        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
-        raise InputError(f"{report.source}: no klog log entries found{reasons}")
+        raise nothing_found(report, "no klog log entries found")
 
 
 FORMAT = Format("klog", sniff, parse)

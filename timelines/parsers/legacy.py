@@ -27,7 +27,15 @@ from typing import Any, BinaryIO
 import orjson
 
 from .audit import FINAL_STAGES, STAGE_RANK, parse_time
-from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines
+from .base import (
+    Format,
+    ParseHints,
+    Progress,
+    Report,
+    Row,
+    nothing_found,
+    open_lines,
+)
 from .envelope_base import request_info
 from .redact import Redactor
 
@@ -132,8 +140,7 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     if progress is not None:
         progress(counter.count, rows)
     if rows == 0:
-        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
-        raise InputError(f"{report.source}: no legacy audit lines found{reasons}")
+        raise nothing_found(report, "no legacy audit lines found")
     report.notes.append(NOTE)
     if staged_seen:
         report.notes.append(NO_LATENCY)

@@ -44,11 +44,20 @@ from typing import BinaryIO
 import orjson
 
 from . import klog
-from .base import Format, InputError, ParseHints, Progress, Report, Row, open_lines, parse_time
+from .base import (
+    Format,
+    ParseHints,
+    Progress,
+    Report,
+    Row,
+    feed_lines,
+    nothing_found,
+    open_lines,
+    parse_time,
+)
 from .klog import (
     KLOG_HEADER,
     MONTHS,
-    PROGRESS_EVERY,
     SEVERITY,
     Entry,
     KeyMaker,
@@ -369,21 +378,9 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     """
     parser = _TextParser(report, redactor or Redactor(), hints or ParseHints())
     lines, counter = open_lines(raw, report)
-    rows = 0
-    for number, line in enumerate(lines, start=1):
-        for row in parser.feed(number, line):
-            rows += 1
-            yield row
-        if progress is not None and number % PROGRESS_EVERY == 0:
-            progress(counter.count, rows)
-    for row in parser.finish():
-        rows += 1
-        yield row
-    if progress is not None:
-        progress(counter.count, rows)
+    yield from feed_lines(parser, lines, counter, progress)
     if parser.entries == 0:
-        reasons = f" (first problem: {report.errors[0]})" if report.errors else ""
-        raise InputError(f"{report.source}: no timestamped log lines found{reasons}")
+        raise nothing_found(report, "no timestamped log lines found")
 
 
 FORMAT = Format("text-log", sniff, parse)

@@ -102,3 +102,39 @@ def test_an_api_upload_is_ingested_in_a_thread_of_the_web_process(client, owner,
     assert upload.status == Upload.Status.DONE, upload.message
     assert upload.events == len(requests_in(path))
     assert upload.path == ""  # the uploaded copy is gone once ingested
+
+
+def test_a_bundle_of_audit_events_and_logs_ingests_on_sqlite(fixtures_dir, tmp_path):
+    import io
+    import tarfile
+
+    members = {"node/audit.log": fixtures_dir / "audit" / "audit2rbac-demo.log",
+               "node/events.json": fixtures_dir / "events" / "insights-openshift-machine-api.json",
+               "node/kube-apiserver.log": fixtures_dir / "klog" / "kind-kube-apiserver.txt"}
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as archive:
+        for name, source in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = source.stat().st_size
+            archive.addfile(info, io.BytesIO(source.read_bytes()))
+    out = StringIO()
+
+    call_command("ingest", str(bundle), incident="sqlite bundle", json=True, stdout=out,
+                 stderr=StringIO())
+    call_command("ingest", str(bundle), incident_id=json.loads(
+        out.getvalue().strip().splitlines()[-1])["incident"]["id"], json=True,
+                 stdout=StringIO(), stderr=StringIO())  # again: nothing new
+
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
+    formats = {u["name"]: (u["format"], u["status"]) for u in summary["uploads"]}
+    assert formats == {"node/audit.log": ("audit", "done"),
+                       "node/events.json": ("k8s-events", "done"),
+                       "node/kube-apiserver.log": ("klog", "done")}
+    events = Event.objects.filter(incident_id=summary["incident"]["id"])
+    by_kind = {kind: events.filter(kind=kind).count() for kind in ("audit", "event", "log")}
+    assert by_kind["audit"] == len(requests_in(members["node/audit.log"]))
+    assert by_kind["event"] == sum(u["events"] for u in summary["uploads"]
+                                   if u["format"] == "k8s-events") > 0
+    assert by_kind["log"] == sum(u["events"] for u in summary["uploads"]
+                                 if u["format"] == "klog") > 0
+    assert events.count() == sum(u["events"] for u in summary["uploads"])

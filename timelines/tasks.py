@@ -63,10 +63,14 @@ def requeue_stale_uploads() -> int:
     count = 0
     for bundle_id in Upload.objects.filter(status=Upload.Status.RUNNING, format="bundle",
                                            heartbeat_at__lt=stale).values_list("pk", flat=True):
-        count += finish_bundle(bundle_id)
+        count += finish_bundle(bundle_id, file_finished=False)
+    # A bundle's waiting files are not lost while the bundle moves (its heartbeat is fresh as
+    # long as files finish): they are queued behind each other, not missing from the queue.
+    waiting_too_long = Q(status=Upload.Status.PENDING, created_at__lt=stale, heartbeat_at=None) & (
+        Q(parent=None) | Q(parent__heartbeat_at__lt=stale))
     lost = Upload.objects.filter(
         Q(status=Upload.Status.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
-        | Q(status=Upload.Status.PENDING, created_at__lt=stale, heartbeat_at=None)
+        | waiting_too_long
     ).exclude(format="bundle")
     for upload in lost.only("pk", "attempts", "status"):
         count += 1

@@ -84,15 +84,17 @@ def _hints(hints) -> dict:
     return stored
 
 
-def finish_bundle(bundle_id: int) -> bool:
+def finish_bundle(bundle_id: int, *, file_finished: bool = True) -> bool:
     """Close the bundle if all its files have finished; True if this call closed it.
 
     Safe to call after every file from any worker: only the call that moves the bundle from
-    ``running`` to ``done`` (a compare-and-set) does the closing work.
+    ``running`` to ``done`` (a compare-and-set) does the closing work. ``file_finished=False``
+    (a sweep, not a file) leaves the bundle's progress and heartbeat as they are.
     """
     files = Upload.objects.filter(parent_id=bundle_id)
     if files.filter(status__in=[Upload.Status.PENDING, Upload.Status.RUNNING]).exists():
-        _update_progress(bundle_id)
+        if file_finished:
+            _update_progress(bundle_id)
         return False
     totals = files.aggregate(events=Sum("events"), new_events=Sum("new_events"),
                              skipped_lines=Sum("skipped_lines"), redacted=Sum("redacted"),

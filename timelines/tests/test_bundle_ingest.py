@@ -163,3 +163,26 @@ def test_a_failed_bundle_leaves_no_unpacked_files_behind(bundle, tmp_path):
     assert not work_dir(upload).exists()
     assert not copy.exists()
     assert Upload.objects.get(pk=upload.pk).status == Upload.Status.FAILED
+
+
+def test_files_queued_behind_a_moving_bundle_are_not_requeued(bundle, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from timelines.tasks import requeue_stale_uploads
+
+    settings.CELERY_BROKER_URL = ""  # requeue would start threads; none run in a test transaction
+    incident = Incident.objects.create(title="queued")
+    upload = Upload.objects.create(incident=incident, name=bundle.name, path=str(bundle),
+                                   path_is_copy=False, status=Upload.Status.RUNNING)
+    unpack_upload(upload)
+    long_ago = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS + 60)
+    upload.files.update(created_at=long_ago)
+    Upload.objects.filter(pk=upload.pk).update(heartbeat_at=timezone.now())  # files finishing
+
+    assert requeue_stale_uploads() == 0
+
+    Upload.objects.filter(pk=upload.pk).update(heartbeat_at=long_ago)  # nothing moved for long
+    waiting = upload.files.filter(status=Upload.Status.PENDING).count()
+    assert requeue_stale_uploads() == waiting > 0

@@ -5,7 +5,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from incidents.api import IncidentViewSet, UploadViewSet
-from timelines.api import EventViewSet, IncidentEventViewSet
+from timelines.api import EventViewSet, IncidentEventViewSet, incident_events_csv
 
 router = DefaultRouter()
 router.register("incidents", IncidentViewSet, basename="incident")
@@ -25,6 +25,8 @@ def healthz(request):
 urlpatterns = [
     path("", include("incidents.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("api/v1/incidents/<int:incident_pk>/events.csv", incident_events_csv,
+         name="incident-events-csv"),
     path("api/v1/", include((router.urls, "api"))),
     path("admin/", admin.site.urls),
     path("healthz", healthz),

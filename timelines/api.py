@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import csv
+from datetime import datetime
+
+from django.http import StreamingHttpResponse
 from rest_framework import mixins, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
 
 from incidents.access import get_visible_incident
 from incidents.models import Incident
 
+from .diff import NoVersion, diff, object_version
 from .filters import EventFilterSet
 from .models import Event
 from .serializers import EventDetailSerializer, EventSerializer
@@ -39,3 +47,67 @@ class EventViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
 
     def get_queryset(self):
         return Event.objects.filter(incident__in=Incident.objects.visible_to(self.request.user))
+
+    @action(detail=True)
+    def diff(self, request, pk=None):
+        """What changed in the object from event ``against`` to this one:
+        ``{"changes": [{"path", "before", "after"}], "folded": [paths]}``. Bookkeeping
+        (resourceVersion, managedFields, …) is folded unless ``fold=false``. 422 with the reason
+        when either event holds no object version (Metadata level, a patch body, an object the
+        apiserver skipped as too big)."""
+        event = self.get_object()
+        against_id = request.query_params.get("against", "")
+        if not against_id.isdigit():
+            raise ValidationError({"against": "Give the id of the event to compare with."})
+        against = self.get_queryset().filter(pk=int(against_id)).first()
+        if against is None:
+            raise NotFound("No such event.")
+        try:
+            before = object_version(against.body())
+            after = object_version(event.body())
+        except NoVersion as exc:
+            return Response({"detail": f"No diff: {exc}."}, status=422)
+        fold = request.query_params.get("fold", "true").lower() not in ("false", "0", "no")
+        changes, folded = diff(before, after, fold=fold)
+        return Response({"event": event.pk, "against": against.pk, "changes": changes,
+                         "folded": folded})
+
+
+def _csv_cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+CSV_COLUMNS = ["received", "user", "verb", "code", "resource", "name", "subresource",
+               "namespace", "kind", "reason", "message", "duration_ms", "completed",
+               "impersonated_user", "user_agent", "source_ip", "audit_id", "source", "line", "id"]
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+@api_view(["GET"])
+def incident_events_csv(request, incident_pk: int):
+    """The incident's events as CSV, filtered like the events list, in time order; streamed."""
+    incident = get_visible_incident(request.user, incident_pk)
+    filterset = EventFilterSet(request.query_params,
+                               queryset=Event.objects.filter(incident=incident))
+    if not filterset.is_valid():
+        raise ValidationError(filterset.errors)
+    queryset = filterset.qs.order_by("received", "id")
+    writer = csv.writer(_Echo())
+    fields = [("username" if c == "user" else c) for c in CSV_COLUMNS]
+
+    def rows():
+        yield writer.writerow(CSV_COLUMNS)
+        for values in queryset.values_list(*fields).iterator(chunk_size=2000):
+            yield writer.writerow([_csv_cell(v) for v in values])
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="incident-{incident.pk}-events.csv"'
+    return response

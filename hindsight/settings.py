@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import plotly
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -144,7 +145,10 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# plotly.js comes from the plotly package itself: served by us, never from a CDN, never copied
+# into the repository.
+STATICFILES_DIRS = [BASE_DIR / "static",
+                    ("plotly", Path(plotly.__file__).resolve().parent / "package_data")]
 STATIC_ROOT = DATA_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one
 STORAGES = {

@@ -5,7 +5,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from incidents.api import IncidentViewSet, UploadViewSet
-from timelines.api import EventViewSet, IncidentEventViewSet, incident_events_csv
+from timelines.api import EventViewSet, IncidentEventViewSet, incident_events_csv, incident_figure
 
 router = DefaultRouter()
 router.register("incidents", IncidentViewSet, basename="incident")
@@ -27,6 +27,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/incidents/<int:incident_pk>/events.csv", incident_events_csv,
          name="incident-events-csv"),
+    path("api/v1/incidents/<int:incident_pk>/figure/", incident_figure, name="incident-figure"),
     path("api/v1/", include((router.urls, "api"))),
     path("admin/", admin.site.urls),
     path("healthz", healthz),

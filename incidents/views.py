@@ -121,6 +121,11 @@ def incident_detail(request, pk):
         "events": events,
         "next_query": next_after,
         "filter_inputs": [(name, request.GET.get(name, "")) for name in FILTER_INPUTS],
+        "gantt_groups": [("object", "object"), ("actor", "actor"), ("user_agent", "user agent"),
+                         ("source", "source file")],
+        "gantt_colours": [("verb", "verb"), ("outcome", "outcome")],
+        "gantt_group": request.GET.get("lanes", "object"),
+        "gantt_colour": request.GET.get("colour", "verb"),
         "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
     })
 

@@ -16,6 +16,7 @@ from incidents.access import get_visible_incident
 from incidents.models import Incident
 
 from .diff import NoVersion, diff, object_version
+from .figures import COLOURS, GROUPS, MAX_SPANS, Span, build_gantt_figure, build_heatmap_figure
 from .filters import EventFilterSet
 from .models import Event
 from .serializers import EventDetailSerializer, EventSerializer
@@ -71,6 +72,52 @@ class EventViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
         changes, folded = diff(before, after, fold=fold)
         return Response({"event": event.pk, "against": against.pk, "changes": changes,
                          "folded": folded})
+
+
+HEATMAP_MAX_ROWS = 200_000
+_SPAN_FIELDS = ("id", "kind", "received", "completed", "verb", "code", "resource", "namespace",
+                "name", "username", "user_agent", "source", "subresource", "reason")
+
+
+@api_view(["GET"])
+def incident_figure(request, incident_pk: int):
+    """The timeline figure of the incident's filtered events (Plotly JSON): a Gantt of WebGL
+    bars up to ``MAX_SPANS`` events, a lane × time heatmap beyond. ``lanes`` = object, actor,
+    user_agent or source (``group`` is taken: it filters by user group); ``colour`` = verb or
+    outcome."""
+    incident = get_visible_incident(request.user, incident_pk)
+    filterset = EventFilterSet(request.query_params,
+                               queryset=Event.objects.filter(incident=incident))
+    if not filterset.is_valid():
+        raise ValidationError(filterset.errors)
+    group = request.query_params.get("lanes", "object")
+    colour = request.query_params.get("colour", "verb")
+    if group not in GROUPS or colour not in COLOURS:
+        raise ValidationError({"lanes": f"one of {', '.join(GROUPS)}",
+                               "colour": f"one of {', '.join(COLOURS)}"})
+    queryset = filterset.qs.order_by("received", "id")
+    total = queryset.count()
+    if total > MAX_SPANS:
+        rows = queryset.values_list(*_SPAN_FIELDS)[:HEATMAP_MAX_ROWS]
+        figure = build_heatmap_figure((_span(r) for r in rows.iterator(chunk_size=5000)),
+                                      group=group)
+    else:
+        figure = build_gantt_figure((_span(r) for r in queryset.values_list(*_SPAN_FIELDS)),
+                                    group=group, colour=colour)
+    figure["meta"]["total"] = total
+    return Response(figure)
+
+
+def _span(row) -> Span:
+    (pk, kind, start, end, verb, code, resource, namespace, name, user, agent, source,
+     subresource, reason) = row
+    what = " ".join(p for p in (verb, code and str(code), reason) if p)
+    obj = "/".join(p for p in (resource, namespace, name) if p)
+    if subresource:
+        obj += f" ({subresource})"
+    label = f"{start:%H:%M:%S.%f} {kind} {what} {obj} {user}".strip()
+    return Span(pk, kind, start, end, verb, code, resource, namespace, name, user, agent,
+                source, label)
 
 
 def _csv_cell(value) -> str:

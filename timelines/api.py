@@ -74,6 +74,17 @@ class EventViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
                          "folded": folded})
 
 
+def _filtered_events(request, incident_pk: int):
+    """The incident (404 unless visible) and its events filtered by the query string, in time
+    order (400 on a bad filter)."""
+    incident = get_visible_incident(request.user, incident_pk)
+    filterset = EventFilterSet(request.query_params,
+                               queryset=Event.objects.filter(incident=incident))
+    if not filterset.is_valid():
+        raise ValidationError(filterset.errors)
+    return incident, filterset.qs.order_by("received", "id")
+
+
 HEATMAP_MAX_ROWS = 200_000
 _SPAN_FIELDS = ("id", "kind", "received", "completed", "verb", "code", "resource", "namespace",
                 "name", "username", "user_agent", "source", "subresource", "reason")
@@ -85,17 +96,12 @@ def incident_figure(request, incident_pk: int):
     bars up to ``MAX_SPANS`` events, a lane × time heatmap beyond. ``lanes`` = object, actor,
     user_agent or source (``group`` is taken: it filters by user group); ``colour`` = verb or
     outcome."""
-    incident = get_visible_incident(request.user, incident_pk)
-    filterset = EventFilterSet(request.query_params,
-                               queryset=Event.objects.filter(incident=incident))
-    if not filterset.is_valid():
-        raise ValidationError(filterset.errors)
+    incident, queryset = _filtered_events(request, incident_pk)
     group = request.query_params.get("lanes", "object")
     colour = request.query_params.get("colour", "verb")
     if group not in GROUPS or colour not in COLOURS:
         raise ValidationError({"lanes": f"one of {', '.join(GROUPS)}",
                                "colour": f"one of {', '.join(COLOURS)}"})
-    queryset = filterset.qs.order_by("received", "id")
     total = queryset.count()
     if total > MAX_SPANS:
         rows = queryset.values_list(*_SPAN_FIELDS)[:HEATMAP_MAX_ROWS]
@@ -141,12 +147,7 @@ class _Echo:
 @api_view(["GET"])
 def incident_events_csv(request, incident_pk: int):
     """The incident's events as CSV, filtered like the events list, in time order; streamed."""
-    incident = get_visible_incident(request.user, incident_pk)
-    filterset = EventFilterSet(request.query_params,
-                               queryset=Event.objects.filter(incident=incident))
-    if not filterset.is_valid():
-        raise ValidationError(filterset.errors)
-    queryset = filterset.qs.order_by("received", "id")
+    incident, queryset = _filtered_events(request, incident_pk)
     writer = csv.writer(_Echo())
     fields = [("username" if c == "user" else c) for c in CSV_COLUMNS]
 

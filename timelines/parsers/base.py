@@ -9,12 +9,13 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, BinaryIO, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol, TypeVar
 
 GZIP_MAGIC = b"\x1f\x8b"
+T = TypeVar("T")
 MAX_KEPT_ERRORS = 20
 
 
@@ -95,25 +96,35 @@ class LineParser(Protocol):
     def finish(self) -> Iterable[Row]: ...
 
 
-PROGRESS_EVERY = 4096  # lines between progress calls
+PROGRESS_EVERY = 4096  # items (lines, events) between progress calls
 
 
-def feed_lines(parser: LineParser, lines: Iterable[bytes], counter: CountingReader,
-               progress: Progress | None) -> Iterator[Row]:
-    """Every line into ``parser``, then its last open entries, calling ``progress(bytes read,
-    rows)`` every ``PROGRESS_EVERY`` lines and at the end."""
+def feed_all(items: Iterable[T], feed: Callable[[T], Iterable[Row]],
+             finish: Callable[[], Iterable[Row]], counter: CountingReader,
+             progress: Progress | None) -> Generator[Row, None, int]:
+    """Every item through ``feed``, then ``finish`` for what is still open, calling
+    ``progress(bytes read, rows)`` every ``PROGRESS_EVERY`` items and at the end. Returns (to
+    ``yield from``) the number of rows."""
     rows = 0
-    for number, line in enumerate(lines, start=1):
-        for row in parser.feed(number, line):
+    for number, item in enumerate(items, start=1):
+        for row in feed(item):
             rows += 1
             yield row
         if progress is not None and number % PROGRESS_EVERY == 0:
             progress(counter.count, rows)
-    for row in parser.finish():
+    for row in finish():
         rows += 1
         yield row
     if progress is not None:
         progress(counter.count, rows)
+    return rows
+
+
+def feed_lines(parser: LineParser, lines: Iterable[bytes], counter: CountingReader,
+               progress: Progress | None) -> Generator[Row, None, int]:
+    """``feed_all`` for a line parser: ``parser.feed(line number, line)`` for every line."""
+    return (yield from feed_all(enumerate(lines, start=1), lambda item: parser.feed(*item),
+                                parser.finish, counter, progress))
 
 
 @dataclass(frozen=True)

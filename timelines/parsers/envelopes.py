@@ -40,6 +40,7 @@ from .base import (
     Progress,
     Report,
     Row,
+    feed_all,
     nothing_found,
 )
 from .envelope_base import (
@@ -54,7 +55,6 @@ from .redact import Redactor
 AKS_AUDIT_CATEGORIES = frozenset(("kube-audit", "kube-audit-admin"))
 GZIP_BASE64 = b"H4sI"  # base64 of the gzip magic and deflate method: 1f 8b 08
 _ESCAPED_AUDIT_ID = b'\\"auditID\\"'  # an event inside a JSON string
-_EVERY = 4096
 
 
 # --- EKS: CloudWatch Logs ------------------------------------------------------------------------
@@ -302,19 +302,8 @@ def _native_rows(events: Iterator[tuple[Any, int, bytes | None]], report: Report
     """Rows of native events found in an envelope, with progress, and ``InputError`` (naming
     the file and its first problem) when there are none."""
     native = NativeEvents(report, redactor)
-    rows = seen = 0
-    for value, line, line_bytes in events:
-        seen += 1
-        for row in native.feed(value, line, line_bytes):
-            rows += 1
-            yield row
-        if progress is not None and seen % _EVERY == 0:
-            progress(counter.count, rows)
-    for row in native.flush():
-        rows += 1
-        yield row
-    if progress is not None:
-        progress(counter.count, rows)
+    rows = yield from feed_all(events, lambda event: native.feed(*event), native.flush, counter,
+                               progress)
     if rows == 0:
         raise nothing_found(report, nothing)
 

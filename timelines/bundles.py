@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
 
-from timelines.parsers import detect, read_head
+from timelines.parsers import describe_unknown, detect, read_head
 from timelines.parsers.base import GZIP_MAGIC, ParseHints
 
 CHUNK = 1 << 20
@@ -757,38 +757,8 @@ def _collection_time(members: list[Member],
     return None
 
 
-# --- classify -----------------------------------------------------------------------------------
-
-def _describe(path: Path) -> str:
-    """What an unrecognised file looks like, for the list of unused files."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            magic = handle.read(2)
-    except OSError as exc:
-        return f"unreadable: {exc.strerror}"
-    if size == 0:
-        return "empty file"
-    head = read_head(path)
-    if not head:
-        return "gzip that cannot be read" if magic == GZIP_MAGIC else "empty file"
-    sample = head[:8192]
-    # Control characters other than whitespace and ESC (colour codes in logs).
-    controls = sum(byte < 9 or 13 < byte < 32 and byte != 27 for byte in sample)
-    if b"\x00" in sample or controls > len(sample) // 20:
-        return "binary"
-    text = sample.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if text.startswith((b"{", b"[")):
-        kind = re.search(rb'"kind"\s*:\s*"([A-Za-z0-9.]+)"', head)
-        return f"JSON, kind {kind[1].decode()}" if kind else "JSON"
-    if re.match(rb"(?i)<!doctype html|<html", text):
-        return "HTML"
-    kind = re.search(rb"(?m)^kind:[ \t]*['\"]?([A-Za-z0-9.]+)", head)
-    if kind:
-        return f"YAML, kind {kind[1].decode()}"
-    if text.startswith(b"---") or re.search(rb"(?m)^(?:apiVersion|metadata|items):", head):
-        return "YAML"
-    return "text"
+# The description of unrecognised files is the registry's, shared with the ingest pipeline.
+_describe = describe_unknown
 
 
 __all__ = ["Limits", "Member", "classify", "is_bundle", "unpack"]

@@ -125,7 +125,7 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, events=0,
                                                format=parser.name if parser else "")
     if parser is None:
-        reason = describe_unknown(head)
+        reason = describe_unknown(path, head)
         if upload.parent_id is not None:  # a bundle's file that holds nothing we read: listed
             _finish(upload, Upload.Status.SKIPPED, report, message=reason)
         else:

@@ -6,11 +6,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from . import audit, envelopes, events, gke_logs, klog, textlog
 from .audit import AuditRow, parse_audit
 from .audit import sniff as sniff_audit
-from .base import Format, InputError, ParseHints, Report, Row, read_head
+from .base import GZIP_MAGIC, Format, InputError, ParseHints, Report, Row, read_head
 from .redact import MARKER, Redactor
 
 # Order matters where sniffs overlap: envelopes hold native events (a native sniff could claim an
@@ -27,28 +28,39 @@ def detect(head: bytes, name: str) -> Format | None:
     return None
 
 
-_YAML_KEY = re.compile(rb"[A-Za-z_][\w.-]*:(\s|$)")
-
-
-def describe_unknown(head: bytes) -> str:
-    """Why a file's first bytes are not evidence any parser reads, in a few words."""
-    text = head.lstrip()
-    if not text:
-        return "empty file"
-    if b"\x00" in head[:8192]:
-        return "binary content"
+def describe_unknown(path: Path, head: bytes | None = None) -> str:
+    """What a file that no parser reads looks like, in a few words, for the list of unused files
+    ("empty file", "binary", "JSON, kind SecretList", "YAML, kind ConfigMap", "HTML", "text").
+    ``head`` is its first bytes (decompressed) when the caller has read them already."""
     try:
-        head[:8192].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start < 8180:  # not just a character cut at the end of the sample
-            return "binary content"
-    if text[:1] in (b"{", b"["):
-        return "JSON, but not audit events, Kubernetes Events or a known envelope"
-    first = next((line.strip() for line in text.splitlines()
-                  if line.strip() and not line.lstrip().startswith(b"#")), b"")
-    if first.startswith(b"---") or _YAML_KEY.match(first):
-        return "YAML, but not Kubernetes Events or audit entries"
-    return "text, but not a known log or audit format"
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            magic = handle.read(2)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    if size == 0:
+        return "empty file"
+    if head is None:
+        head = read_head(path)
+    if not head:
+        return "gzip that cannot be read" if magic == GZIP_MAGIC else "empty file"
+    sample = head[:8192]
+    # Control characters other than whitespace and ESC (colour codes in logs).
+    controls = sum(byte < 9 or 13 < byte < 32 and byte != 27 for byte in sample)
+    if b"\x00" in sample or controls > len(sample) // 20:
+        return "binary"
+    text = sample.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text.startswith((b"{", b"[")):
+        kind = re.search(rb'"kind"\s*:\s*"([A-Za-z0-9.]+)"', head)
+        return f"JSON, kind {kind[1].decode()}" if kind else "JSON"
+    if re.match(rb"(?i)<!doctype html|<html", text):
+        return "HTML"
+    kind = re.search(rb"(?m)^kind:[ \t]*['\"]?([A-Za-z0-9.]+)", head)
+    if kind:
+        return f"YAML, kind {kind[1].decode()}"
+    if text.startswith(b"---") or re.search(rb"(?m)^(?:apiVersion|metadata|items):", head):
+        return "YAML"
+    return "text"
 
 
 __all__ = ["FORMATS", "MARKER", "AuditRow", "Format", "InputError", "ParseHints", "Redactor",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.http import Http404
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
@@ -80,7 +81,7 @@ class UploadViewSet(mixins.CreateModelMixin, mixins.RetrieveModelMixin, viewsets
                 raise ValidationError({"incident_id": "Must be an incident id."})
             try:
                 incident = get_visible_incident(request.user, int(incident_id))
-            except Exception:
+            except Http404:
                 raise NotFound("No such incident.") from None
             if not can_upload(request.user, incident):
                 raise PermissionDenied("You may not upload to this incident.")

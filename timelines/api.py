@@ -96,7 +96,7 @@ def incident_figure(request, incident_pk: int):
     bars up to ``MAX_SPANS`` events, a lane × time heatmap beyond. ``lanes`` = object, actor,
     user_agent or source (``group`` is taken: it filters by user group); ``colour`` = verb or
     outcome."""
-    incident, queryset = _filtered_events(request, incident_pk)
+    _, queryset = _filtered_events(request, incident_pk)
     group = request.query_params.get("lanes", "object")
     colour = request.query_params.get("colour", "verb")
     if group not in GROUPS or colour not in COLOURS:

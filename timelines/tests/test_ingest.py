@@ -188,13 +188,20 @@ def _received_stage_of(complete: dict) -> dict:
     return event
 
 
-def test_stage_collapse_across_files_completes_the_same_row(
-        incident, ingest_file, fixtures_dir, tmp_path):
+def _split_request(fixtures_dir, tmp_path):
+    """One request split over two apiserver files: its RequestReceived stage in the first, its
+    ResponseComplete in the second. Returns the complete event and the two files."""
     _, complete = json_lines(audit_log(fixtures_dir, "openshift-requestresponse.log"))[0]
     file_a = tmp_path / "apiserver-a.log"
     file_b = tmp_path / "apiserver-b.log"
     file_a.write_text(json.dumps(_received_stage_of(complete)) + "\n", encoding="utf-8")
     file_b.write_text(json.dumps(complete) + "\n", encoding="utf-8")
+    return complete, file_a, file_b
+
+
+def test_stage_collapse_across_files_completes_the_same_row(
+        incident, ingest_file, fixtures_dir, tmp_path):
+    complete, file_a, file_b = _split_request(fixtures_dir, tmp_path)
     received = parse_time(complete["requestReceivedTimestamp"])
     completed = parse_time(complete["stageTimestamp"])
 
@@ -509,11 +516,7 @@ def test_write_rows_with_overlap_keeps_only_referenced_chunks(incident, fixtures
 
 def test_completing_an_open_span_from_another_file_leaves_no_orphan_chunk(
         incident, ingest_file, fixtures_dir, tmp_path):
-    _, complete = json_lines(audit_log(fixtures_dir, "openshift-requestresponse.log"))[0]
-    file_a = tmp_path / "a.log"
-    file_b = tmp_path / "b.log"
-    file_a.write_text(json.dumps(_received_stage_of(complete)) + "\n", encoding="utf-8")
-    file_b.write_text(json.dumps(complete) + "\n", encoding="utf-8")
+    complete, file_a, file_b = _split_request(fixtures_dir, tmp_path)
 
     ingest_file(incident, file_a)
     ingest_file(incident, file_b)

@@ -147,3 +147,61 @@ def ingest_file():
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(settings, tmp_path):
     settings.UPLOAD_DIR = tmp_path / "uploads"
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by scripts/browser.sh
+SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian Chromium driven by Playwright, with WebGL on SwiftShader."""
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
+    # around it are still synchronous.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/browser.sh", pytrace=False)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--enable-unsafe-swiftshader", "--use-angle=swiftshader", "--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def open_page(browser, live_server, request):
+    """``open_page(user=None, path="/")`` → a Playwright page in a fresh browser context, signed
+    in as ``user`` (anonymous when None), at ``live_server.url + path``. Every page's last view
+    is saved to test-artifacts/screenshots/<test>-<n>.png."""
+    from django.conf import settings
+    from django.test import Client
+
+    contexts = []
+
+    def make(user=None, path="/"):
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        contexts.append(context)
+        if user is not None:
+            client = Client()
+            client.force_login(user)
+            cookie = client.cookies[settings.SESSION_COOKIE_NAME]
+            context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie.value,
+                                  "url": live_server.url}])
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        page.goto(live_server.url + path)
+        return page
+
+    yield make
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    stem = request.node.name.replace("/", "_").replace("[", "-").rstrip("]")
+    for n, context in enumerate(contexts):
+        for m, page in enumerate(context.pages):
+            try:
+                page.screenshot(path=str(SCREENSHOTS / f"{stem}-{n}{m}.png"), full_page=True)
+            except Exception:  # noqa: BLE001 - a closed page leaves no picture, not a failure
+                pass
+        context.close()

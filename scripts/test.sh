@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/browser.sh
 
 export DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 export CELERY_BROKER_URL=${TEST_BROKER_URL:-redis://127.0.0.1:6379/15}

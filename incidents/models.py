@@ -1,4 +1,5 @@
-"""The case file: teams, incidents, uploads and API tokens."""
+"""The case file: teams, incidents, uploads, API tokens, and what people add to the evidence
+(annotations, root-cause sequences, share links; see ``notes`` and ``sharing``)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,18 @@ class Incident(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
+    # A caller's own name for the incident (``incident_key``, e.g. the CI job URL): uploads with
+    # the same key in the same team add to the same incident.
+    key = models.CharField(max_length=500, blank=True)
 
     objects = IncidentQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "key"], condition=~models.Q(key=""),
+                                    name="one_incident_per_key"),
+        ]
 
     def __str__(self) -> str:
         return self.title
@@ -109,11 +117,19 @@ class Upload(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The ``Idempotency-Key`` header of the request that made it: a retried request with the
+    # same key from the same user answers with this upload instead of making another.
+    idempotency_key = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
         indexes = [models.Index(fields=["status", "heartbeat_at"]),
                    models.Index(fields=["parent", "status"])]
+        constraints = [
+            models.UniqueConstraint(fields=["uploaded_by", "idempotency_key"],
+                                    condition=~models.Q(idempotency_key=""),
+                                    name="one_upload_per_idempotency_key"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -167,3 +183,7 @@ class ApiToken(models.Model):
     @property
     def expired(self) -> bool:
         return self.expires_at is not None and self.expires_at <= timezone.now()
+
+
+from .notes import Annotation, Sequence, SequenceStep  # noqa: E402, F401 - models of this app
+from .sharing import IncidentGrant, ShareLink  # noqa: E402, F401

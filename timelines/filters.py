@@ -1,6 +1,8 @@
-"""The one definition of event filters, used by the API, the incident page and (later) figures.
+"""The one definition of event filters, used by the API, the incident page and the figure.
 
 A repeated parameter ORs its values (``?verb=create&verb=delete``); different parameters AND.
+The one exception is the free-text ``q``: each repeated ``q`` must match (they AND), so a search
+narrows as terms are added and "the current filters plus this text" is just one more ``q``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,25 @@ class IntAnyOf(AnyOf):
         super().__init__(*args, **kwargs)
 
 
+class AllTextOf(django_filters.Filter):
+    """Case-insensitive substring search over several text columns: an event matches a term when
+    any of the columns contains it, and must match every term given."""
+
+    field_class = ValueListField
+
+    def __init__(self, *args, columns: tuple[str, ...], **kwargs) -> None:
+        self.columns = columns
+        super().__init__(*args, **kwargs)
+
+    def filter(self, qs, value):
+        for term in value or []:
+            condition = Q()
+            for column in self.columns:
+                condition |= Q(**{f"{column}__icontains": term})
+            qs = qs.filter(condition)
+        return qs
+
+
 class EventFilterSet(django_filters.FilterSet):
     kind = AnyOf(help_text="audit, event, log or trace")
     resource = AnyOf(help_text="objectRef.resource, whatever the subresource")
@@ -80,6 +101,8 @@ class EventFilterSet(django_filters.FilterSet):
     severity = AnyOf()
     component = AnyOf()
     node = AnyOf()
+    q = AllTextOf(columns=("request_uri", "message", "name"),
+                  help_text="text in requestURI, message or name (any case); repeated q all match")
     since = django_filters.IsoDateTimeFilter(field_name="received", lookup_expr="gte",
                                              help_text="RFC 3339; received at or after")
     until = django_filters.IsoDateTimeFilter(field_name="received", lookup_expr="lte",

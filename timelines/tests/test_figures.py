@@ -1,4 +1,4 @@
-"""The timeline figure: pure builders, and the endpoint that feeds them the filtered events."""
+"""The timeline figure's pure builders: spans in, Plotly figure dict out (no database)."""
 
 from __future__ import annotations
 
@@ -6,33 +6,55 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from timelines.figures import MAX_SPANS, Span, build_gantt_figure, build_heatmap_figure
+from timelines.figures import (
+    MIN_BAR_SHARE,
+    OTHER_LANES,
+    Bins,
+    Span,
+    build_gantt_figure,
+    build_heatmap_figure,
+    count_lanes,
+    fold_lanes,
+    object_lifespans,
+)
 
 T0 = datetime(2024, 2, 1, 10, 0, tzinfo=UTC)
 
 
+def _at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
 def _span(pk, *, start=0.0, end=0.5, verb="get", code=200, kind="audit", name="web",
-          user="alice") -> Span:
-    return Span(pk, kind, T0 + timedelta(seconds=start),
-                None if end is None else T0 + timedelta(seconds=end), verb, code,
-                "deployments", "shop", name, user, "kubectl", "node-1.log", f"span {pk}")
+          user="alice", resource="deployments", subresource="") -> Span:
+    return Span(pk, kind, _at(start), None if end is None else _at(end), verb, code,
+                resource, "shop", name, user, "kubectl", "node-1.log", f"span {pk}", subresource)
+
+
+def _trace(figure, name):
+    return next(t for t in figure["data"] if t["name"] == name)
+
+
+def _segments(trace):
+    """(x0, x1, y, customdata) of each segment of a line trace."""
+    x, y, ids = trace["x"], trace["y"], trace.get("customdata", [None] * len(trace["x"]))
+    return [(x[i], x[i + 1], y[i], ids[i]) for i in range(0, len(x), 3)]
 
 
 def test_each_span_is_one_segment_on_its_object_s_lane_in_its_verb_s_trace():
-    spans = [_span(1, verb="get"), _span(2, verb="patch", start=1, end=1.2),
+    spans = [_span(1, verb="get"), _span(2, verb="patch", start=1, end=1.2, code=500),
              _span(3, verb="get", name="api", start=2, end=3)]
 
     figure = build_gantt_figure(spans)
 
-    traces = {t["name"]: t for t in figure["data"]}
-    assert set(traces) == {"get", "patch"}
+    traces = {t["name"]: t for t in figure["data"] if t["mode"] == "lines"}
+    assert set(traces) == {"get", "patch", "lifespan"}
     assert all(t["type"] == "scattergl" for t in traces.values())
     assert traces["get"]["customdata"] == [1, 1, None, 3, 3, None]
     assert traces["get"]["y"] == [0, 0, None, 1, 1, None]  # web first, then api
     assert figure["layout"]["yaxis"]["ticktext"] == ["deployments/shop/web",
                                                      "deployments/shop/api"]
-    assert traces["patch"]["x"][:2] == [(T0 + timedelta(seconds=1)).isoformat(),
-                                        (T0 + timedelta(seconds=1.2)).isoformat()]
+    assert traces["patch"]["x"][:2] == [_at(1).isoformat(), _at(1.2).isoformat()]
 
 
 def test_open_spans_reach_the_window_end_dotted_in_a_trace_of_their_own():
@@ -40,15 +62,17 @@ def test_open_spans_reach_the_window_end_dotted_in_a_trace_of_their_own():
 
     figure = build_gantt_figure(spans, colour="outcome")
 
-    open_trace = next(t for t in figure["data"] if t["name"] == "open")
+    open_trace = _trace(figure, "open")
     assert open_trace["line"]["dash"] == "dot"
-    assert open_trace["x"][1] == (T0 + timedelta(seconds=5)).isoformat()
+    assert open_trace["x"][1] == _at(5).isoformat()
+    zoomed = build_gantt_figure(spans, colour="outcome", window_end=_at(60))
+    assert _trace(zoomed, "open")["x"][1] == _at(60).isoformat()
 
 
 @pytest.mark.parametrize(("code", "bucket"), [(201, "2xx"), (403, "4xx"), (503, "5xx"),
                                               (None, "other")])
 def test_outcome_colours_bucket_the_response_code(code, bucket):
-    figure = build_gantt_figure([_span(1, code=code)], colour="outcome")
+    figure = build_gantt_figure([_span(1, code=code)], colour="outcome", group="actor")
     assert [t["name"] for t in figure["data"]] == [bucket]
 
 
@@ -61,10 +85,27 @@ def test_lanes_can_be_actors_and_other_kinds_keep_their_own_colour():
     assert {t["name"] for t in figure["data"]} == {"get", "event"}
 
 
-def test_zero_length_requests_still_draw():
-    figure = build_gantt_figure([_span(1, start=0, end=0)])
+def test_a_one_millisecond_request_in_a_half_hour_window_is_drawn_at_least_a_pixel_wide():
+    spans = [_span(1, start=0, end=0.001), _span(2, start=1800, end=1800.5)]
+
+    figure = build_gantt_figure(spans, group="actor")
+
+    x0, x1, _, _ = _segments(_trace(figure, "get"))[0]
+    width = datetime.fromisoformat(x1) - datetime.fromisoformat(x0)
+    assert width >= timedelta(seconds=1800.5) * MIN_BAR_SHARE  # 3.6 s of 30 min
+    assert figure["layout"]["xaxis"]["range"] == [_at(0).isoformat(), _at(1800.5).isoformat()]
+
+
+def test_zero_length_requests_still_draw_when_the_window_is_one_instant():
+    figure = build_gantt_figure([_span(1, start=0, end=0)], group="actor")
     start, end = figure["data"][0]["x"][:2]
     assert end > start
+
+
+def test_long_requests_keep_their_true_length():
+    figure = build_gantt_figure([_span(1, start=0, end=100), _span(2, start=50, end=60)],
+                                group="actor")
+    assert _segments(_trace(figure, "get"))[1][:2] == (_at(50).isoformat(), _at(60).isoformat())
 
 
 def test_unknown_grouping_is_refused():
@@ -72,56 +113,149 @@ def test_unknown_grouping_is_refused():
         build_gantt_figure([], group="colour")
 
 
+def test_the_meta_says_mode_spans_lanes_total_and_the_time_range():
+    figure = build_gantt_figure([_span(1, start=3, end=9), _span(2, start=1, name="api")])
+    assert figure["meta"] == {"mode": "gantt", "spans": 2, "lanes": 2, "total": 2,
+                              "range": [_at(1).isoformat(), _at(3).isoformat()]}
+    assert build_gantt_figure([])["meta"]["range"] is None
+
+
+# --- object lifespans ----------------------------------------------------------------------------
+
+WINDOW = (_at(0), _at(100))
+
+
+def test_an_object_lives_from_its_create_to_its_delete():
+    spans = [_span(1, start=10, end=10.1, verb="create", code=201),
+             _span(2, start=20, end=20.1, verb="get"),
+             _span(3, start=30, end=30.2, verb="delete", code=200)]
+
+    assert object_lifespans(spans, *WINDOW) == {"deployments/shop/web": [(_at(10.1), _at(30.2))]}
+
+
+def test_an_object_created_before_the_window_starts_with_it_and_one_never_deleted_runs_on():
+    existing = [_span(1, start=20, end=20.5, verb="patch"),
+                _span(2, start=40, end=40.5, verb="delete")]
+    made = [_span(3, name="api", start=50, end=50.5, verb="create", code=201)]
+
+    lives = object_lifespans(existing + made, *WINDOW)
+
+    assert lives["deployments/shop/web"] == [(_at(0), _at(40.5))]
+    assert lives["deployments/shop/api"] == [(_at(50.5), _at(100))]
+
+
+def test_an_object_deleted_and_created_again_has_two_lives_and_the_last_delete_ends_one():
+    spans = [_span(1, start=5, end=5.5, verb="create", code=201),
+             _span(2, start=10, end=10, verb="delete"),  # graceful: the object stays…
+             _span(3, start=12, end=12, verb="delete"),  # …until the second delete
+             _span(4, start=30, end=30, verb="create", code=201)]
+
+    assert object_lifespans(spans, *WINDOW)["deployments/shop/web"] == [
+        (_at(5.5), _at(12)), (_at(30), _at(100))]
+
+
+def test_failed_requests_and_subresources_do_not_make_or_end_a_life():
+    spans = [_span(1, start=5, end=5.5, verb="create", code=409),  # AlreadyExists
+             _span(2, start=6, end=6.5, verb="create", code=201, subresource="eviction"),
+             _span(3, name="ghost", start=7, end=7.5, verb="get", code=404)]
+
+    lives = object_lifespans(spans, *WINDOW)
+
+    assert lives == {"deployments/shop/web": [(_at(0), _at(100))]}  # seen (201), never made
+
+
+def test_collections_and_other_kinds_have_no_lifespan():
+    spans = [_span(1, name="", verb="list"), _span(2, kind="event", verb="", code=None)]
+    assert object_lifespans(spans, *WINDOW) == {}
+
+
+def test_object_lanes_draw_lifespans_beneath_the_requests_and_a_marker_per_mutation_over():
+    spans = [_span(11, start=10, end=10.1, verb="create", code=201, user="deployer"),
+             _span(12, start=20, end=20.2, verb="patch", user="hpa"),
+             _span(13, start=25, end=25.1, verb="update", code=409),  # conflict: no marker
+             _span(14, start=30, end=30.3, verb="delete", user="alice")]
+
+    figure = build_gantt_figure(spans, window_start=_at(0), window_end=_at(100))
+
+    assert figure["data"][0]["name"] == "lifespan"  # first: drawn beneath
+    lifespan = figure["data"][0]
+    assert _segments(lifespan) == [(_at(10.1).isoformat(), _at(30.3).isoformat(), 0, None)]
+    assert "customdata" not in lifespan  # not an event: a click on it opens nothing
+    assert "rgba" in lifespan["line"]["color"] and lifespan["line"]["width"] < 8
+    modes = [t["mode"] for t in figure["data"]]
+    assert modes == sorted(modes, key=lambda m: m == "markers")  # markers last: over the bars
+    markers = {t["name"]: t for t in figure["data"] if t["mode"] == "markers"}
+    assert set(markers) == {"created", "patched", "deleted"}
+    assert len({t["marker"]["symbol"] for t in markers.values()}) == 3
+    assert markers["patched"]["customdata"] == [12]
+    assert markers["patched"]["x"] == [_at(20.2).isoformat()]
+    assert markers["patched"]["text"] == ["patch by hpa at 10:00:20.200000"]
+    assert markers["created"]["text"] == ["create by deployer at 10:00:10.100000"]
+
+
+def test_other_lanes_have_no_lifespans_or_markers():
+    spans = [_span(1, verb="create", code=201), _span(2, start=5, end=5.5, verb="delete")]
+    figure = build_gantt_figure(spans, group="actor")
+    assert all(t["mode"] == "lines" and t["name"] != "lifespan" for t in figure["data"])
+
+
+# --- heatmap -------------------------------------------------------------------------------------
+
+def test_bins_cover_first_to_last_in_whole_microseconds():
+    bins = Bins.spanning(_at(0), _at(10), 200)
+    assert bins.count <= 200
+    assert bins.width % timedelta(microseconds=1) == timedelta(0)
+    assert bins.index(_at(0)) == 0
+    assert bins.index(_at(10)) == bins.count - 1
+    one_instant = Bins.spanning(_at(5), _at(5), 200)
+    assert (one_instant.count, one_instant.index(_at(5))) == (1, 0)
+
+
 def test_the_heatmap_counts_every_span_once():
     spans = [_span(n, start=n % 60, name=f"pod-{n % 3}") for n in range(900)]
+    bins = Bins.spanning(_at(0), _at(59), 30)
 
-    figure = build_heatmap_figure(spans, bins=30)
+    counts = count_lanes(spans, "object", bins, first=_at(0), last=_at(59))
 
-    z = figure["data"][0]["z"]
-    assert sum(v or 0 for row in z for v in row) == 900
-    assert len(z) == 3 and all(len(row) == 30 for row in z)
-
-
-# --- the endpoint --------------------------------------------------------------------------------
-
-@pytest.mark.django_db
-def test_the_figure_endpoint_draws_the_filtered_events(client, owner, token_for, incident,
-                                                       ingest_file, demo_log):
-    import json
-
-    ingest_file(incident, demo_log)
-    events = [json.loads(line) for line in demo_log.read_text().splitlines() if line.strip()]
-    auth = {"HTTP_AUTHORIZATION": f"Token {token_for(owner)}"}
-    url = f"/api/v1/incidents/{incident.pk}/figure/"
-
-    everything = client.get(url, **auth).json()
-    lists = client.get(url, {"verb": "list", "lanes": "actor"}, **auth).json()
-
-    assert everything["meta"] == {"spans": len(events), "lanes": everything["meta"]["lanes"],
-                                  "mode": "gantt", "total": len(events)}
-    assert lists["meta"]["spans"] == sum(1 for e in events if e["verb"] == "list")
-    assert lists["layout"]["yaxis"]["ticktext"] == sorted(
-        {e["user"]["username"] for e in events if e["verb"] == "list"},
-        key=lists["layout"]["yaxis"]["ticktext"].index)
-    assert client.get(url, {"lanes": "nonsense"}, **auth).status_code == 400
+    assert counts.total == 900
+    assert sum(map(sum, counts.z)) == 900
+    assert len(counts.z) == 3 and all(len(row) == bins.count for row in counts.z)
+    assert counts.z[0][0] == sum(1 for n in range(900) if n % 3 == 0 and n % 60 < 2)
 
 
-@pytest.mark.django_db
-def test_a_large_window_becomes_a_heatmap(client, owner, token_for, incident, ingest_file,
-                                          demo_log, monkeypatch):
-    import timelines.api
+def test_the_most_active_lanes_are_drawn_and_the_others_summed_into_one_row():
+    lanes = [("quiet-b", [0], [1]), ("busy", [0, 1], [5, 4]), ("quiet-a", [1], [1]),
+             ("middle", [2], [3]), ("quiet-c", [2], [2])]
+    bins = Bins(T0, timedelta(seconds=1), 3)
 
-    ingest_file(incident, demo_log)
-    monkeypatch.setattr(timelines.api, "MAX_SPANS", 10)
-    answer = client.get(f"/api/v1/incidents/{incident.pk}/figure/",
-                        HTTP_AUTHORIZATION=f"Token {token_for(owner)}").json()
-    assert answer["meta"]["mode"] == "heatmap"
-    assert MAX_SPANS == 20_000  # the real threshold is untouched
+    counts = fold_lanes(lanes, bins, first=_at(0), last=_at(2), max_lanes=2)
+
+    assert counts.lanes == ["busy", "middle", OTHER_LANES]
+    assert counts.z == [[5, 4, 0], [0, 0, 3], [1, 1, 2]]
+    assert (counts.total, counts.distinct_lanes, counts.folded) == (16, 5, 3)
+    # ties between equally active lanes go by name, so the same lanes are kept every time
+    tied = fold_lanes([("b", [0], [1]), ("a", [0], [1]), ("c", [0], [1])], bins, first=_at(0),
+                      last=_at(0), max_lanes=2)
+    assert tied.lanes == ["a", "b", OTHER_LANES]
+    # the same lane from two sources (parts that name it alike) is one lane
+    twice = fold_lanes([("a", [0], [1]), ("b", [1], [3]), ("a", [0, 2], [2, 1])], bins,
+                       first=_at(0), last=_at(2), max_lanes=5)
+    assert (twice.lanes, twice.z) == (["a", "b"], [[3, 0, 1], [0, 3, 0]])
 
 
-@pytest.mark.django_db
-def test_plotly_js_is_served_by_us():
-    from django.contrib.staticfiles import finders
+def test_the_heatmap_figure_is_compact_and_says_what_was_folded():
+    bins = Bins(T0, timedelta(seconds=2), 3)
+    counts = fold_lanes([("a", [0], [2]), ("b", [2], [1]), ("c", [1], [1])], bins,
+                        first=_at(0), last=_at(5), max_lanes=2)
 
-    path = finders.find("plotly/plotly.min.js")
-    assert path and path.endswith("plotly.min.js")
+    figure = build_heatmap_figure(counts)
+
+    trace = figure["data"][0]
+    assert trace["type"] == "heatmap" and "x" not in trace
+    assert (trace["x0"], trace["dx"]) == (_at(1).isoformat(), 2000)  # centre of bin 0, ms
+    assert trace["y"] == ["a", "b", OTHER_LANES]
+    assert trace["z"] == [[2, 0, 0], [0, 0, 1], [0, 1, 0]]
+    assert figure["layout"]["xaxis"]["range"] == [_at(0).isoformat(), _at(6).isoformat()]
+    assert figure["meta"] == {"mode": "heatmap", "spans": 4, "total": 4, "lanes": 3,
+                              "lanes_shown": 3, "other_lanes": 1, "bins": 3, "bin_ms": 2000,
+                              "range": [_at(0).isoformat(), _at(5).isoformat()]}

@@ -1,0 +1,306 @@
+"""The figure endpoint and the database's heatmap counts, on the real PostgreSQL (and one test on
+the embedded SQLite)."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from incidents.models import Upload
+from timelines import aggregate
+from timelines.figures import OTHER_LANES, Bins, Span, count_lanes
+from timelines.ingest.store import write_rows
+from timelines.models import Event
+from timelines.parsers import Row
+
+T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+pytestmark = pytest.mark.django_db
+
+
+def _row(n: int, seconds: float, **fields) -> Row:
+    received = T0 + timedelta(seconds=seconds)
+    fields.setdefault("completed", received + timedelta(milliseconds=2))
+    return Row(audit_id=f"req-{n}", received=received, raw=b"{}", **fields)
+
+
+def _synthetic_rows(count: int = 3000, seed: int = 7) -> list[Row]:
+    """Requests on many objects over ten minutes, plus evidence without the lane's own column
+    (non-resource URLs, Events, log lines without a user), lanes whose parts differ but whose
+    names are the same ("pods" + "" + "x" and "pods" + "x" + ""), and lanes tied on counts with
+    names that only sort right by code point ("tie-Z" < "tie-a" < "tie-É")."""
+    rng = random.Random(seed)
+    rows = []
+    for n in range(count):
+        shape = rng.random()
+        fields = {"verb": rng.choice(["get", "list", "watch", "create", "patch", "delete"]),
+                  "username": rng.choice(["alice", "bob", "system:node:n1", "ci-bot"]),
+                  "user_agent": rng.choice(["kubectl/v1.30", "", "kubelet/v1.29", "helm"]),
+                  "source": rng.choice(["node-1.log", "node-2.log", ""]), "code": 200}
+        if shape < 0.6:
+            fields.update(resource=rng.choice(["pods", "configmaps", "deployments"]),
+                          namespace=rng.choice(["shop", "kube-system", ""]),
+                          name=f"obj-{int(80 ** rng.random())}")
+        elif shape < 0.7:
+            fields.update(resource="", request_uri="/healthz")  # a non-resource URL
+        elif shape < 0.8:
+            fields.update(kind="event", resource="pods", namespace="shop", name="obj-1",
+                          username="", verb="", code=None, reason="BackOff")
+        elif shape < 0.9:
+            fields.update(kind="log", username="", verb="", code=None, component="kubelet")
+        elif shape < 0.95:
+            fields.update(resource="pods", name="x")
+        else:
+            fields.update(resource="pods", namespace="x")
+        rows.append(_row(n, rng.uniform(0, 600), **fields))
+    for tie in ("tie-Z", "tie-a", "tie-É"):
+        rows += [_row(f"{tie}-{k}", 100 + k, resource="leases", name=tie) for k in range(400)]
+    return rows
+
+
+def _store(incident, rows: list[Row], *, finished=True, format="klog") -> Upload:
+    """The rows as one upload of the incident (through the store's writer). ``format`` is the
+    parser the upload claims: "audit" promises requests only, which the heatmap relies on."""
+    upload = Upload.objects.create(incident=incident, name="synthetic", status="running",
+                                   format=format)
+    write_rows(incident.pk, upload.pk, rows)
+    if finished:
+        Upload.objects.filter(pk=upload.pk).update(status="done", finished_at=timezone.now())
+    return upload
+
+
+def _spans(queryset) -> list[Span]:
+    return [Span(0, kind, received, None, "", None, resource, namespace, name, user, agent,
+                 source, "")
+            for kind, received, resource, namespace, name, user, agent, source
+            in queryset.values_list("kind", "received", "resource", "namespace", "name",
+                                    "username", "user_agent", "source")]
+
+
+def _python_counts(queryset, group, *, since=None, until=None, max_lanes):
+    spans = _spans(queryset)
+    first = min(s.start for s in spans)
+    last = max(s.start for s in spans)
+    bins = Bins.spanning(since or first, until or last)
+    return count_lanes(spans, group, bins, first=first, last=last, max_lanes=max_lanes)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(settings):
+    """A cache of this module's own, empty: figures are cached under keys that name incident
+    ids, which a new test database gives out again."""
+    from django.core.cache import cache
+
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                   "LOCATION": "figure-tests"}}
+    cache.clear()
+
+
+@pytest.fixture
+def client_of(client):
+    def sign_in(user):
+        client.force_login(user)
+        return client
+
+    return sign_in
+
+
+def _figure(client, incident, **query):
+    answer = client.get(f"/api/v1/incidents/{incident.pk}/figure/", query)
+    assert answer.status_code == 200, answer.content[:300]
+    return answer.json()
+
+
+# --- the database's counts ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("group", ["object", "actor", "user_agent", "source"])
+def test_postgresql_counts_each_lane_and_bin_as_python_does(incident, group):
+    _store(incident, _synthetic_rows())
+    events = Event.objects.filter(incident=incident)
+
+    counts = aggregate.lane_counts(events, group, max_lanes=2)
+
+    assert counts == _python_counts(events, group, max_lanes=2)
+    assert counts.total == events.count()
+    every_lane = _python_counts(events, group, max_lanes=1000).lanes
+    assert counts.folded == len(every_lane) - 2 > 0
+    if group == "object":
+        # the busiest three lanes are tied: the first two by code point are kept
+        assert counts.lanes == ["leases/tie-Z", "leases/tie-a", OTHER_LANES]
+        assert {"pods/x", "(log)", "(audit)", "pods/shop/obj-1"} <= set(every_lane)
+
+
+@pytest.mark.parametrize("group", ["object", "actor"])
+def test_an_incident_of_requests_only_is_counted_from_the_index_alike(incident, group):
+    rows = [r for r in _synthetic_rows() if r.kind == "audit"]
+    assert any(r.resource == "" for r in rows)  # "(audit)" lanes without reading the kind
+    _store(incident, rows, format="audit")
+    events = Event.objects.filter(incident=incident)
+
+    assert aggregate.requests_only(incident.pk)
+    counts = aggregate.lane_counts(events, group, max_lanes=3, requests_only=True)
+
+    assert counts == _python_counts(events, group, max_lanes=3)
+    _store(incident, [_row("log-1", 1, kind="log")], format="klog")
+    assert not aggregate.requests_only(incident.pk)
+
+
+def test_postgresql_counts_filtered_events_in_the_window_asked_for(incident):
+    _store(incident, _synthetic_rows())
+    since, until = T0 + timedelta(seconds=60), T0 + timedelta(seconds=400)
+    events = Event.objects.filter(incident=incident, verb__in=["get", "patch"],
+                                  received__gte=since, received__lte=until)
+
+    counts = aggregate.lane_counts(events, "actor", since=since, until=until, max_lanes=50)
+
+    assert counts == _python_counts(events, "actor", since=since, until=until, max_lanes=50)
+    assert counts.bins.start == since and counts.bins.index(until) == counts.bins.count - 1
+
+
+def test_counting_how_many_stops_after_the_limit(incident):
+    _store(incident, [_row(n, n) for n in range(11)])
+    events = Event.objects.filter(incident=incident)
+    assert aggregate.more_than(events, 10)
+    assert not aggregate.more_than(events, 11)
+    assert aggregate.lane_counts(events.none(), "object") is None
+
+
+# --- the endpoint --------------------------------------------------------------------------------
+
+def test_the_figure_endpoint_draws_the_filtered_events(client_of, owner, incident, ingest_file,
+                                                       demo_log):
+    ingest_file(incident, demo_log)
+    events = [json.loads(line) for line in demo_log.read_text().splitlines() if line.strip()]
+    client = client_of(owner)
+
+    everything = _figure(client, incident)
+    lists = _figure(client, incident, verb="list", lanes="actor")
+
+    stored = Event.objects.filter(incident=incident).order_by("received")
+    assert everything["meta"]["mode"] == "gantt"
+    assert everything["meta"]["spans"] == everything["meta"]["total"] == len(events)
+    assert everything["meta"]["range"] == [stored.first().received.isoformat(),
+                                           stored.last().received.isoformat()]
+    assert lists["meta"]["spans"] == sum(1 for e in events if e["verb"] == "list")
+    assert lists["layout"]["yaxis"]["ticktext"] == sorted(
+        {e["user"]["username"] for e in events if e["verb"] == "list"},
+        key=lists["layout"]["yaxis"]["ticktext"].index)
+    assert client.get(f"/api/v1/incidents/{incident.pk}/figure/",
+                      {"lanes": "nonsense"}).status_code == 400
+
+
+def test_beyond_max_spans_the_database_counts_a_heatmap_with_its_lanes_capped(
+        client_of, owner, incident, monkeypatch):
+    rows = _synthetic_rows()
+    _store(incident, rows)
+    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.aggregate.HEATMAP_LANES", 6)
+
+    figure = _figure(client_of(owner), incident, lanes="object")
+
+    expected = _python_counts(Event.objects.filter(incident=incident), "object", max_lanes=6)
+    trace = figure["data"][0]
+    assert trace["type"] == "heatmap"
+    assert trace["y"] == expected.lanes and trace["y"][-1] == OTHER_LANES
+    assert trace["z"] == expected.z
+    assert figure["meta"]["total"] == figure["meta"]["spans"] == len(rows)  # nothing truncated
+    assert figure["meta"]["lanes"] == expected.distinct_lanes
+    assert figure["meta"]["lanes_shown"] == 7
+    assert figure["meta"]["other_lanes"] == expected.distinct_lanes - 6
+    assert figure["meta"]["range"] == [expected.first.isoformat(), expected.last.isoformat()]
+
+
+def test_a_zoomed_window_of_few_enough_events_comes_back_as_a_gantt(client_of, owner, incident,
+                                                                    monkeypatch):
+    _store(incident, [_row(n, n / 10, resource="pods", name=f"p{n % 7}", verb="get")
+                      for n in range(1000)])
+    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+    client = client_of(owner)
+    since, until = "2024-03-01T12:00:10Z", "2024-03-01T12:00:15Z"
+
+    overview = _figure(client, incident)
+    zoomed = _figure(client, incident, since=since, until=until)
+
+    assert overview["meta"]["mode"] == "heatmap"
+    assert zoomed["meta"]["mode"] == "gantt"
+    assert zoomed["meta"]["spans"] == zoomed["meta"]["total"] == 51  # 10.0 s … 15.0 s
+    assert zoomed["layout"]["xaxis"]["range"] == ["2024-03-01T12:00:10+00:00",
+                                                  "2024-03-01T12:00:15+00:00"]
+    ids = {i for t in zoomed["data"] for i in t.get("customdata", []) if i is not None}
+    assert ids == set(Event.objects.filter(
+        incident=incident, received__range=(T0 + timedelta(seconds=10),
+                                             T0 + timedelta(seconds=15))).values_list("pk",
+                                                                                      flat=True))
+
+
+def test_object_lanes_show_lifespans_and_mutation_markers_that_open_the_event(
+        client_of, owner, incident):
+    _store(incident, [
+        _row(1, 1, resource="pods", namespace="shop", name="web", verb="create", code=201,
+             username="deployer"),
+        _row(2, 2, resource="pods", namespace="shop", name="web", verb="get", code=200),
+        _row(3, 3, resource="pods", namespace="shop", name="web", verb="delete", code=200,
+             username="alice")])
+
+    figure = _figure(client_of(owner), incident)
+
+    lifespan = figure["data"][0]
+    assert lifespan["name"] == "lifespan" and lifespan["y"][:2] == [0, 0]
+    markers = {t["name"]: t for t in figure["data"] if t["mode"] == "markers"}
+    created = Event.objects.get(incident=incident, verb="create")
+    assert markers["created"]["customdata"] == [created.pk]
+    assert markers["deleted"]["text"][0].startswith("delete by alice at 12:00:03")
+
+
+def test_the_heatmap_is_counted_once_per_data_version(client_of, owner, incident, monkeypatch):
+    _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)], format="audit")
+    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+    client = client_of(owner)
+    calls = []
+    count = aggregate.lane_counts
+    monkeypatch.setattr(aggregate, "lane_counts", lambda *a, **k: calls.append(1) or count(*a, **k))
+
+    first = _figure(client, incident, colour="verb")
+    again = _figure(client, incident, colour="outcome")  # a heatmap has no colours: same answer
+    assert (first, len(calls)) == (again, 1)
+
+    running = _store(incident, [_row(f"b{n}", 400 + n, resource="pods", name="b")
+                                for n in range(50)], finished=False)
+    assert _figure(client, incident)["meta"]["total"] == 350  # not from the cache…
+    _figure(client, incident)
+    assert len(calls) == 3  # …nor into it while an upload runs
+    Upload.objects.filter(pk=running.pk).update(status="done", finished_at=timezone.now())
+    assert _figure(client, incident)["meta"]["total"] == 350
+    _figure(client, incident)
+    assert len(calls) == 4
+
+
+def test_an_outsider_gets_404(client_of, outsider, incident):
+    _store(incident, [_row(1, 1)])
+    client = client_of(outsider)
+    assert client.get(f"/api/v1/incidents/{incident.pk}/figure/").status_code == 404
+
+
+@pytest.mark.embedded
+def test_sqlite_counts_the_heatmap_in_python_without_truncating(client_of, owner, incident,
+                                                                 monkeypatch):
+    rows = _synthetic_rows(count=600)
+    _store(incident, rows)
+    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+
+    figure = _figure(client_of(owner), incident, lanes="actor")
+
+    expected = _python_counts(Event.objects.filter(incident=incident), "actor", max_lanes=50)
+    assert figure["meta"]["mode"] == "heatmap"
+    assert figure["meta"]["total"] == len(rows)
+    assert figure["data"][0]["z"] == expected.z
+
+
+def test_plotly_js_is_served_by_us():
+    from django.contrib.staticfiles import finders
+
+    path = finders.find("plotly/plotly.min.js")
+    assert path and path.endswith("plotly.min.js")

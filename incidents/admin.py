@@ -1,6 +1,9 @@
 from django.contrib import admin
+from django.utils import timezone
 
 from .models import ApiToken, Incident, Membership, Team, Upload
+from .notes import Annotation, Sequence, SequenceStep
+from .sharing import IncidentGrant, ShareLink
 
 
 class MembershipInline(admin.TabularInline):
@@ -35,3 +38,46 @@ class UploadAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "scope", "created_at", "expires_at", "last_used_at"]
     readonly_fields = ["prefix", "key_hash", "last_used_at"]
+
+
+class SequenceStepInline(admin.TabularInline):
+    model = SequenceStep
+    extra = 0
+    fields = ["position", "event_id", "annotation", "at", "note"]
+    raw_id_fields = ["annotation"]
+
+
+@admin.register(Sequence)
+class SequenceAdmin(admin.ModelAdmin):
+    list_display = ["title", "incident", "author", "created_at", "updated_at"]
+    search_fields = ["title"]
+    raw_id_fields = ["incident", "author"]
+    inlines = [SequenceStepInline]
+
+
+@admin.register(Annotation)
+class AnnotationAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "incident", "event_id", "start", "end", "starred", "author"]
+    list_filter = ["starred"]
+    search_fields = ["note"]
+    raw_id_fields = ["incident", "author"]
+
+
+@admin.register(IncidentGrant)
+class IncidentGrantAdmin(admin.ModelAdmin):
+    list_display = ["incident", "team", "role", "granted_by", "created_at"]
+    list_filter = ["role", "team"]
+    raw_id_fields = ["incident"]
+
+
+@admin.register(ShareLink)
+class ShareLinkAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "incident", "label", "created_by", "created_at", "expires_at",
+                    "revoked_at", "use_count", "last_used_at"]
+    readonly_fields = ["prefix", "key_hash", "use_count", "last_used_at"]
+    raw_id_fields = ["incident"]
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke the selected links")
+    def revoke(self, request, queryset) -> None:
+        queryset.filter(revoked_at=None).update(revoked_at=timezone.now())

@@ -46,6 +46,18 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def env_rate(name: str, default: str) -> str | None:
+    """A DRF throttle rate such as ``1200/min`` (``N/s``, ``N/min``, ``N/hour``, ``N/day``);
+    ``off`` disables the limit."""
+    value = os.environ.get(name) or default
+    if value.lower() == "off":
+        return None
+    count, _, period = value.partition("/")
+    if not (count.isdigit() and period[:1] in ("s", "m", "h", "d")):
+        raise ImproperlyConfigured(f"{name} must look like 1200/min (or be off), not {value!r}")
+    return value
+
+
 DEBUG = env_bool("DEBUG", False)
 # The embedded default gets a per-checkout key so that sessions survive restarts; production sets
 # SECRET_KEY explicitly.
@@ -75,6 +87,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served by us, never from a CDN
     "incidents",
     "timelines",
 ]
@@ -86,6 +100,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # who a session that opened share links is; re-checks the links on every request
+    "incidents.middleware.ShareLinkMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -162,7 +178,14 @@ WHITENOISE_USE_FINDERS = True
 # Uploaded files wait here until a worker has ingested them; web and worker must share it.
 UPLOAD_DIR = Path(env_str("HINDSIGHT_UPLOAD_DIR", str(DATA_DIR / "uploads")))
 MAX_UPLOAD_BYTES = env_int("HINDSIGHT_MAX_UPLOAD_BYTES", 2 * 1024**3)
-FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2  # larger request bodies stream to a temporary file
+# Files up to this size are read into memory; larger ones stream to a temporary file in
+# FILE_UPLOAD_TEMP_DIR as they arrive and are then moved (renamed) into UPLOAD_DIR, so a big
+# upload is never whole in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2
+FILE_UPLOAD_HANDLERS = [
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 FILE_UPLOAD_TEMP_DIR = None
 
@@ -198,6 +221,19 @@ CELERY_BEAT_SCHEDULE = {
 UPLOAD_STALE_SECONDS = env_int("HINDSIGHT_UPLOAD_STALE_SECONDS", 300)
 UPLOAD_MAX_ATTEMPTS = env_int("HINDSIGHT_UPLOAD_MAX_ATTEMPTS", 3)
 
+# Cache: request rate counters (and whatever else wants a cache) must be shared by every web
+# process, so it is Redis whenever there is one: CACHE_URL, else the Celery broker's Redis.
+CACHE_URL = env_str("CACHE_URL")
+if not CACHE_URL and CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CACHE_URL = CELERY_BROKER_URL
+if CACHE_URL:
+    if not CACHE_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured("CACHE_URL must be a Redis URL (redis://host:6379/1)")
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": CACHE_URL, "KEY_PREFIX": "hindsight"}}
+else:  # the embedded default: one process
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "incidents.auth.ApiTokenAuthentication",
@@ -208,7 +244,33 @@ REST_FRAMEWORK = {
         "incidents.auth.TokenScope",
     ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_THROTTLE_CLASSES": ["incidents.auth.ApiRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "api": env_rate("HINDSIGHT_API_RATE", "1200/min"),
+        "upload": env_rate("HINDSIGHT_UPLOAD_RATE", "60/min"),
+    },
+    # Behind a proxy, throttling by client address needs the X-Forwarded-For hop count; 0
+    # trusts no X-Forwarded-For (a client could forge it).
+    "NUM_PROXIES": env_int("HINDSIGHT_NUM_PROXIES", 0),
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+# The OpenAPI schema (/api/schema/) and its Swagger UI (/api/docs/) are public: they describe
+# the API, not anyone's data, and every endpoint they list still needs a token or a session.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Hindsight API",
+    "DESCRIPTION": "Kubernetes audit logs and diagnose bundles as incident timelines. "
+                   "Authenticate with `Authorization: Token <key>`.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # validatorUrl: null keeps Swagger UI from calling validator.swagger.io
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 LOGGING = {

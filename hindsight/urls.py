@@ -2,17 +2,40 @@ from django.contrib import admin
 from django.db import connection
 from django.http import HttpResponse
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from incidents.api import IncidentViewSet, UploadViewSet
-from timelines.api import EventViewSet, IncidentEventViewSet, incident_events_csv, incident_figure
+import hindsight.schema  # noqa: F401 - registers the OpenAPI descriptions of function views
+from incidents.api import IncidentViewSet, ShareLinkViewSet, UploadViewSet
+from incidents.notes_api import (
+    AnnotationViewSet,
+    IncidentAnnotationViewSet,
+    IncidentSequenceViewSet,
+    SequenceViewSet,
+)
+from timelines.api import (
+    EventViewSet,
+    IncidentEventViewSet,
+    incident_event_step,
+    incident_events_csv,
+    incident_events_json,
+    incident_figure,
+)
 
 router = DefaultRouter()
 router.register("incidents", IncidentViewSet, basename="incident")
 router.register("uploads", UploadViewSet, basename="upload")
+router.register("share-links", ShareLinkViewSet, basename="share-link")
 router.register("events", EventViewSet, basename="event")
 router.register(r"incidents/(?P<incident_pk>\d+)/events", IncidentEventViewSet,
                 basename="incident-event")
+router.register(r"incidents/(?P<incident_pk>\d+)/annotations", IncidentAnnotationViewSet,
+                basename="incident-annotation")
+router.register("annotations", AnnotationViewSet, basename="annotation")
+router.register(r"incidents/(?P<incident_pk>\d+)/sequences", IncidentSequenceViewSet,
+                basename="incident-sequence")
+# sequences/{id}/export.md and export.json come from the router's format suffixes
+router.register("sequences", SequenceViewSet, basename="sequence")
 
 
 def healthz(request):
@@ -28,7 +51,14 @@ urlpatterns = [
     path("api/v1/incidents/<int:incident_pk>/events.csv", incident_events_csv,
          name="incident-events-csv"),
     path("api/v1/incidents/<int:incident_pk>/figure/", incident_figure, name="incident-figure"),
+    # before the router: its format suffixes would read events.json as the list in JSON
+    path("api/v1/incidents/<int:incident_pk>/events.json", incident_events_json,
+         name="incident-events-json"),
+    path("api/v1/incidents/<int:incident_pk>/events/step/", incident_event_step,
+         name="incident-event-step"),
     path("api/v1/", include((router.urls, "api"))),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
 ]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import share_views, views
 
 app_name = "incidents"
 urlpatterns = [
@@ -8,4 +8,5 @@ urlpatterns = [
     path("incidents/new/", views.incident_create, name="create"),
     path("incidents/<int:pk>/", views.incident_detail, name="detail"),
     path("incidents/<int:pk>/uploads/", views.upload_create, name="upload"),
+    path("s/<str:key>/", share_views.open_share_link, name="share"),
 ]

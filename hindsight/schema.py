@@ -1,0 +1,125 @@
+"""OpenAPI descriptions that drf-spectacular cannot infer: the token authentication, and the
+views of ``timelines.api`` that are functions or build their queryset from the URL, described
+here so that their module stays about events. Imported by ``hindsight.urls``; an extension whose
+view is gone matches nothing."""
+
+from __future__ import annotations
+
+import django_filters
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiViewExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+
+from timelines.filters import EventFilterSet, IntAnyOf
+
+
+class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = "incidents.auth.ApiTokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "`Token <key>` (or `Bearer <key>`); make a key with "
+                               "`manage.py create_api_token`"}
+
+
+def event_filter_parameters() -> list[OpenApiParameter]:
+    """The query parameters of ``EventFilterSet``: a repeated parameter ORs its values."""
+    parameters = []
+    for name, field in EventFilterSet.base_filters.items():
+        if isinstance(field, django_filters.IsoDateTimeFilter):
+            kind = OpenApiTypes.DATETIME
+        elif isinstance(field, IntAnyOf):
+            kind = OpenApiTypes.INT
+        else:
+            kind = OpenApiTypes.STR
+        help_text = field.extra.get("help_text") or ""
+        parameters.append(OpenApiParameter(name, kind, OpenApiParameter.QUERY, description=(
+            help_text if kind == OpenApiTypes.DATETIME else
+            "; ".join(p for p in (help_text, "repeat to match any of several") if p))))
+    return parameters
+
+
+INCIDENT_PK = OpenApiParameter("incident_pk", OpenApiTypes.INT, OpenApiParameter.PATH,
+                               description="the incident's id")
+FILTERED = [INCIDENT_PK, *event_filter_parameters()]
+
+
+class IncidentEventList(OpenApiViewExtension):
+    target_class = "timelines.api.IncidentEventViewSet"
+
+    def view_replacement(self):
+        from timelines.models import Event
+
+        class Described(self.target_class):
+            def get_queryset(self):
+                if getattr(self, "swagger_fake_view", False):  # no incident in the URL here
+                    return Event.objects.none()
+                return super().get_queryset()
+
+        # the filters by hand: django-filter's introspection cannot type the custom ones
+        return extend_schema(parameters=FILTERED, filters=False)(Described)
+
+
+class IncidentFigure(OpenApiViewExtension):
+    target_class = "timelines.api.incident_figure"
+
+    def view_replacement(self):
+        class Described(self.target_class):
+            @extend_schema(
+                parameters=[*FILTERED,
+                            OpenApiParameter("lanes", str, enum=["object", "actor", "user_agent",
+                                                                 "source"]),
+                            OpenApiParameter("colour", str, enum=["verb", "outcome"])],
+                responses=OpenApiResponse(OpenApiTypes.OBJECT, "a Plotly figure (JSON)"))
+            def get(self, request, *args, **kwargs):
+                pass  # pragma: no cover - only described
+
+        return Described
+
+
+class IncidentEventsCsv(OpenApiViewExtension):
+    target_class = "timelines.api.incident_events_csv"
+
+    def view_replacement(self):
+        class Described(self.target_class):
+            @extend_schema(parameters=FILTERED,
+                           responses={(200, "text/csv"): OpenApiResponse(
+                               OpenApiTypes.STR, "the filtered events as CSV, in time order")})
+            def get(self, request, *args, **kwargs):
+                pass  # pragma: no cover - only described
+
+        return Described
+
+
+class IncidentEventsJson(OpenApiViewExtension):
+    target_class = "timelines.api.incident_events_json"
+
+    def view_replacement(self):
+        class Described(self.target_class):
+            @extend_schema(parameters=FILTERED, responses=OpenApiResponse(
+                {"type": "array", "items": {"type": "object"}},
+                "the filtered events with the CSV's columns, in time order"))
+            def get(self, request, *args, **kwargs):
+                pass  # pragma: no cover - only described
+
+        return Described
+
+
+class IncidentEventStep(OpenApiViewExtension):
+    target_class = "timelines.api.incident_event_step"
+
+    def view_replacement(self):
+        class Described(self.target_class):
+            @extend_schema(
+                parameters=[*FILTERED,
+                            OpenApiParameter("from", int, description="the event to step from"),
+                            OpenApiParameter("direction", str, enum=["next", "previous"])],
+                responses=OpenApiResponse(
+                    {"type": "object", "properties": {"event": {"type": "object",
+                                                                "nullable": True}}},
+                    "the neighbouring event, or null"))
+            def get(self, request, *args, **kwargs):
+                pass  # pragma: no cover - only described
+
+        return Described

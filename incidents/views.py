@@ -12,19 +12,27 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, Sum
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from timelines.filters import EventFilterSet
 from timelines.models import Event
 from timelines.tasks import requeue_stale_uploads
 
-from .access import can_upload, get_visible_incident, upload_teams
+from .access import can_upload, can_write, get_visible_incident, upload_teams
 from .api import create_upload
 from .models import Incident, Upload
 
 PAGE_ROWS = 100
-FILTER_INPUTS = ["kind", "resource", "subresource", "namespace", "name", "user",
-                 "impersonated_user", "verb", "code", "reason", "node"]
+# The filters the incident page's form shows (since/until, the window, have their own inputs);
+# any other EventFilterSet parameter in the URL is kept as a hidden input.
+FILTER_INPUTS = ["q", "kind", "resource", "subresource", "namespace", "name", "user", "group",
+                 "impersonated_user", "verb", "code", "reason", "node", "source"]
+FILTER_LABELS = {"q": "Text", "impersonated_user": "As user", "source": "Source file"}
+# Parameters of the page that are not event filters: the table's cursor, the Gantt's lanes and
+# colour, the selected event, the chosen sequence, and the table-only request of the timeline
+# script.
+VIEW_PARAMS = ("after", "lanes", "colour", "event", "sequence", "partial")
 
 
 @login_required
@@ -86,12 +94,50 @@ def _accept_files(request, incident: Incident, files) -> None:
 @login_required
 def incident_detail(request, pk):
     incident = get_visible_incident(request.user, pk)
+    table = _events_table(request, incident)
+    if request.GET.get("partial") == "events":
+        # the timeline script swaps in the table of a new time window without a reload
+        return render(request, "incidents/partials/events_table.html",
+                      {"incident": incident, **table})
     if not settings.CELERY_BROKER_URL:
         requeue_stale_uploads()  # embedded mode has no beat to do it
     uploads = list(incident.uploads.filter(parent=None))
     bundles = {u.pk: _bundle_summary(u) for u in uploads if u.format == "bundle"}
     for upload in uploads:
         upload.bundle = bundles.get(upload.pk)
+    shown = {*FILTER_INPUTS, "since", "until"}
+    return render(request, "incidents/detail.html", {
+        "incident": incident,
+        "uploads": uploads,
+        "any_running": any(not u.finished for u in uploads),
+        "any_failed": any(u.status == Upload.Status.FAILED for u in uploads),
+        "status_counts": sorted(Counter(u.status for u in uploads).items()),
+        "can_upload": can_upload(request.user, incident),
+        # annotate, build sequences, share: the page shows these controls to writers only
+        "can_write": can_write(request.user, incident),
+        # where the notes scripts find one annotation, sequence or share link (append "<id>/")
+        "api_prefixes": {name: reverse(f"api:{route}", args=[0])[:-len("0/")]
+                         for name, route in (("annotation", "annotation-detail"),
+                                             ("sequence", "sequence-detail"),
+                                             ("share_link", "share-link-detail"))},
+        **table,
+        # one input per value, so a repeated parameter (verb=get&verb=list) survives a submit
+        "filter_inputs": [(name, FILTER_LABELS.get(name, name.replace("_", " ").capitalize()),
+                           request.GET.getlist(name) or [""]) for name in FILTER_INPUTS],
+        "hidden_filters": [(name, value) for name in EventFilterSet.base_filters
+                           if name not in shown for value in request.GET.getlist(name)],
+        "gantt_groups": [("object", "object"), ("actor", "actor"), ("user_agent", "user agent"),
+                         ("source", "source file")],
+        "gantt_colours": [("verb", "verb"), ("outcome", "outcome")],
+        "gantt_group": request.GET.get("lanes", "object"),
+        "gantt_colour": request.GET.get("colour", "verb"),
+        "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
+    })
+
+
+def _events_table(request, incident: Incident) -> dict:
+    """The context of the events table: a keyset page of the filtered events, the query of the
+    next page, the filter errors, and the filters alone (for the export links)."""
     filterset = EventFilterSet(request.GET, queryset=Event.objects.filter(incident=incident))
     events, next_after, error = [], None, None
     if filterset.is_valid():
@@ -105,29 +151,21 @@ def incident_detail(request, pk):
             events = events[:PAGE_ROWS]
             last = events[-1]
             query = request.GET.copy()
+            query.pop("partial", None)
             query["after"] = f"{last.received.isoformat()}|{last.pk}"
             next_after = query.urlencode()
     else:
         error = filterset.errors
-    return render(request, "incidents/detail.html", {
-        "incident": incident,
-        "uploads": uploads,
-        "any_running": any(not u.finished for u in uploads),
-        "any_failed": any(u.status == Upload.Status.FAILED for u in uploads),
-        "status_counts": sorted(Counter(u.status for u in uploads).items()),
-        "can_upload": can_upload(request.user, incident),
+    filters = request.GET.copy()
+    for name in VIEW_PARAMS:
+        filters.pop(name, None)
+    return {
         "filterset": filterset,
         "filter_error": error,
         "events": events,
         "next_query": next_after,
-        "filter_inputs": [(name, request.GET.get(name, "")) for name in FILTER_INPUTS],
-        "gantt_groups": [("object", "object"), ("actor", "actor"), ("user_agent", "user agent"),
-                         ("source", "source file")],
-        "gantt_colours": [("verb", "verb"), ("outcome", "outcome")],
-        "gantt_group": request.GET.get("lanes", "object"),
-        "gantt_colour": request.GET.get("colour", "verb"),
-        "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
-    })
+        "filter_query": filters.urlencode(),
+    }
 
 
 def _bundle_summary(bundle: Upload) -> dict:

@@ -1,10 +1,24 @@
-"""The incident page in a real browser (Debian Chromium through Playwright)."""
+"""The incident page in a real browser (Debian Chromium through Playwright).
+
+The interactive timeline is driven the way a person uses it: typing filters, dragging across the
+plot, clicking a bar, pressing j/k, finding text, diffing two versions of an object and opening
+a copied link in a fresh browser. Expected events are read from the fixture files with ``json``.
+"""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
 import pytest
 
+from timelines.models import Event
+
 pytestmark = pytest.mark.django_db(transaction=True)
+
+DAY = "2018-10-26"  # the falco traces of this day: one minikube session, 38 requests
 
 
 def test_the_gantt_draws_the_fixture_incident(open_page, owner, incident, ingest_file, demo_log):
@@ -20,3 +34,428 @@ def test_the_gantt_draws_the_fixture_incident(open_page, owner, incident, ingest
     size = page.evaluate("""() => { const c = document.querySelector('#gantt canvas');
                                     return c ? c.width * c.height : 0; }""")
     assert size > 0
+
+
+# --- a fixture incident, read independently -----------------------------------------------------
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _read(path: Path) -> list[dict]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def falco(incident, ingest_file, fixtures_dir) -> list[dict]:
+    """The incident holding every falco trace of 26 October 2018 (clusterrole ``some-reader``
+    created five times and deleted once, at RequestResponse level, among pods, services,
+    configmaps); returns each request's facts with its event id, in time order."""
+    requests = []
+    for path in sorted((fixtures_dir / "audit" / "falco").glob("*.json")):
+        try:
+            events = [e for e in _read(path) if e.get("requestReceivedTimestamp", "")
+                      .startswith(DAY)]
+        except json.JSONDecodeError:
+            continue  # the deliberately malformed trace
+        if not events:
+            continue
+        assert ingest_file(incident, path).status == "done"
+        for event in events:
+            ref = event.get("objectRef") or {}
+            requests.append({
+                "audit_id": event["auditID"], "received": _time(event["requestReceivedTimestamp"]),
+                "verb": event["verb"], "resource": ref.get("resource", ""),
+                "namespace": ref.get("namespace", ""), "name": ref.get("name", ""),
+                "uri": event["requestURI"], "file": path.name})
+    ids = dict(Event.objects.filter(incident=incident).values_list("audit_id", "id"))
+    assert len(ids) == len(requests) == 38
+    for request in requests:
+        request["id"] = ids[request["audit_id"]]
+    return sorted(requests, key=lambda r: (r["received"], r["id"]))
+
+
+def _by_file(falco: list[dict], name: str) -> dict:
+    return next(r for r in falco if r["file"] == name)
+
+
+# --- page helpers -------------------------------------------------------------------------------
+
+def _drawn(page, at_least: int = 1) -> None:
+    page.wait_for_function(
+        f"Number(document.getElementById('gantt').dataset.drawn || 0) >= {at_least}")
+
+
+def _draws(page) -> int:
+    return int(page.get_attribute("#gantt", "data-drawn") or 0)
+
+
+def _table_ids(page) -> list[int]:
+    return page.eval_on_selector_all("#events-table tr[data-event]",
+                                     "rows => rows.map(r => Number(r.dataset.event))")
+
+
+def _query(page) -> dict[str, list[str]]:
+    return parse_qs(urlsplit(page.url).query)
+
+
+def _detail_shows(page, event_id: int) -> None:
+    page.wait_for_function(
+        f"!document.getElementById('detail').hidden && "
+        f"document.getElementById('detail-title').textContent === 'Event {event_id}'")
+
+
+def _highlight_at(page) -> str | None:
+    """Where the selection line is drawn on the plot (its x, as plotly holds it)."""
+    return page.evaluate("""() => {
+        const shapes = (document.getElementById('gantt').layout || {}).shapes || [];
+        const line = shapes.find(s => s.name === 'selected');
+        return line ? line.x0 : null; }""")
+
+
+def _same_instant(plotly_time: str, expected: datetime) -> bool:
+    return abs(_time(plotly_time.replace(" ", "T") + "Z") - expected) < timedelta(milliseconds=1)
+
+
+def _point(page, event_id: int) -> dict:
+    """Viewport coordinates of an event's bar start on the plot."""
+    return page.evaluate("""(id) => {
+        const gd = document.getElementById('gantt');
+        gd.scrollIntoView({block: 'start'});
+        const full = gd._fullLayout, box = gd.getBoundingClientRect();
+        for (const trace of gd.data) {
+            const i = (trace.customdata || []).indexOf(id);
+            if (i >= 0) return {x: box.left + full._size.l + full.xaxis.d2p(trace.x[i]),
+                                y: box.top + full._size.t + full.yaxis.l2p(trace.y[i])};
+        }
+        return null; }""", event_id)
+
+
+def _x_of(page, when: datetime) -> float:
+    """Viewport x of a time on the plot."""
+    stamp = when.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return page.evaluate("""(t) => {
+        const gd = document.getElementById('gantt'), full = gd._fullLayout;
+        return gd.getBoundingClientRect().left + full._size.l + full.xaxis.d2p(t); }""", stamp)
+
+
+def _drag_window(page, start: datetime, end: datetime) -> None:
+    """Drag across the plot from ``start`` to ``end``, as a person brushes a time window."""
+    page.evaluate("document.getElementById('gantt').scrollIntoView({block: 'start'})")
+    area = page.locator("#gantt .nsewdrag").first.bounding_box()
+    y = area["y"] + area["height"] / 2
+    before = _draws(page)
+    left, right = area["x"] + 1, area["x"] + area["width"] - 1  # a drag starts on the plot
+    page.mouse.move(max(left, _x_of(page, start)), y)
+    page.mouse.down()
+    page.mouse.move(min(right, _x_of(page, end)), y, steps=12)
+    page.mouse.up()
+    _drawn(page, before + 1)
+
+
+def _window(page) -> tuple[datetime, datetime]:
+    query = _query(page)
+    return _time(query["since"][0]), _time(query["until"][0])
+
+
+# --- filters, window ----------------------------------------------------------------------------
+
+def test_the_filter_form_filters_the_gantt_and_the_table(open_page, owner, incident, falco):
+    expected = [r["id"] for r in falco if r["resource"] == "clusterroles"]
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    assert sorted(_table_ids(page)) == sorted(r["id"] for r in falco)
+
+    page.fill("#filters input[name=resource]", "clusterroles")
+    page.click("#filters button")
+    page.wait_for_url("**resource=clusterroles**")
+    _drawn(page)
+
+    assert _table_ids(page) == expected
+    assert f"{len(expected)} events on" in page.text_content("#gantt-status")
+    assert _query(page)["resource"] == ["clusterroles"]
+    assert "since" not in _query(page)  # empty inputs stay out of the URL
+    for link in ("#export-csv", "#export-json"):
+        assert "resource=clusterroles" in page.get_attribute(link, "href")
+
+
+def test_free_text_filter_matches_uri_and_name(open_page, owner, incident, falco):
+    expected = [r["id"] for r in falco
+                if "some-reader" in r["uri"].lower() or "some-reader" in r["name"].lower()]
+    page = open_page(owner, f"/incidents/{incident.pk}/?q=SOME-reader")
+    _drawn(page)
+
+    assert _table_ids(page) == expected
+    assert page.input_value("#filters input[name=q]") == "SOME-reader"
+
+
+def test_dragging_across_the_gantt_sets_the_window(open_page, owner, incident, falco):
+    first = _by_file(falco, "create_clusterrole.json")["received"]
+    last = _by_file(falco, "create_cluster_role_write_privileges.json")["received"]
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+
+    _drag_window(page, first - timedelta(seconds=30), last + timedelta(seconds=30))
+
+    since, until = _window(page)
+    assert since < first and last < until < last + timedelta(minutes=2)
+    inside = [r["id"] for r in falco if since <= r["received"] <= until]
+    assert 0 < len(inside) < len(falco)
+    page.wait_for_function(f"document.querySelectorAll('#events-table tr[data-event]').length"
+                           f" === {len(inside)}")
+    assert _table_ids(page) == inside  # the table follows the window
+    assert f"{len(inside)} events on" in page.text_content("#gantt-status")
+    shown = page.evaluate("document.getElementById('gantt').layout.xaxis.range")
+    assert _same_instant(shown[0], since) and _same_instant(shown[1], until)
+    assert page.input_value("#filters input[name=since]") == _query(page)["since"][0]
+    assert "since=" in page.get_attribute("#export-json", "href")
+
+    before = _draws(page)
+    page.click("#window-reset")
+    _drawn(page, before + 1)
+    assert "since" not in _query(page) and "until" not in _query(page)
+    page.wait_for_function(f"document.querySelectorAll('#events-table tr[data-event]').length"
+                           f" === {len(falco)}")
+
+    _drag_window(page, first, last)
+    area = page.locator("#gantt .nsewdrag").first.bounding_box()
+    before = _draws(page)
+    page.mouse.dblclick(area["x"] + 2, area["y"] + 2)  # a double click resets it too
+    _drawn(page, before + 1)
+    assert "since" not in _query(page) and "until" not in _query(page)
+
+
+# --- selecting events ---------------------------------------------------------------------------
+
+def test_clicking_a_bar_opens_the_event_in_the_page(open_page, owner, incident, falco):
+    target = _by_file(falco, "create_configmap_no_sensitive_values.json")
+    page = open_page(owner, f"/incidents/{incident.pk}/?resource=configmaps")
+    _drawn(page)
+    pages_before = len(page.context.pages)
+
+    point = _point(page, target["id"])
+    page.mouse.move(point["x"], point["y"])
+    page.mouse.click(point["x"], point["y"])
+
+    _detail_shows(page, target["id"])
+    assert len(page.context.pages) == pages_before  # no new window
+    assert _query(page)["event"] == [str(target["id"])]
+    assert page.text_content("#detail-fields dd[data-field=audit_id]") == target["audit_id"]
+    assert page.text_content("#detail-fields dd[data-field=verb]") == "create"
+    raw = json.loads(page.text_content("#detail-body"))
+    assert raw["auditID"] == target["audit_id"] and raw["requestURI"] == target["uri"]
+    assert _same_instant(_highlight_at(page), target["received"])
+    history = page.get_attribute("#link-object", "href")
+    assert "resource=configmaps" in history and "name=my-config" in history
+    assert "source=create_configmap_no_sensitive_values.json" in page.get_attribute(
+        "#link-source", "href")
+
+
+def test_j_and_k_step_through_the_filtered_events(open_page, owner, incident, falco):
+    pods = [r for r in falco if r["resource"] == "pods"]
+    page = open_page(owner, f"/incidents/{incident.pk}/?resource=pods")
+    _drawn(page)
+
+    page.keyboard.press("j")
+    _detail_shows(page, pods[0]["id"])
+    page.keyboard.press("j")
+    _detail_shows(page, pods[1]["id"])
+    page.keyboard.press("ArrowDown")
+    _detail_shows(page, pods[2]["id"])
+    page.keyboard.press("k")
+    _detail_shows(page, pods[1]["id"])
+
+    page.wait_for_function(
+        f"document.getElementById('gantt').dataset.selected === '{pods[1]['id']}'")
+    assert _same_instant(_highlight_at(page), pods[1]["received"])
+    assert page.get_attribute(f"#events-table tr[data-event='{pods[1]['id']}']",
+                              "class").endswith("selected")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#detail", state="hidden")
+    assert "event" not in _query(page)
+
+
+def test_stepping_past_the_window_pans_it(open_page, owner, incident, falco):
+    roles = [r for r in falco if r["resource"] == "clusterroles"]
+    start = roles[0]["received"]
+    page = open_page(owner, f"/incidents/{incident.pk}/?resource=clusterroles")
+    _drawn(page)
+    _drag_window(page, start - timedelta(minutes=1), start + timedelta(minutes=3))
+    since, until = _window(page)
+    inside = [r for r in roles if since <= r["received"] <= until]
+    outside = next(r for r in roles if r["received"] > until)
+    old_since = _query(page)["since"][0]
+
+    for request in inside:
+        page.keyboard.press("j")
+        _detail_shows(page, request["id"])
+    page.keyboard.press("j")
+    _detail_shows(page, outside["id"])
+
+    page.wait_for_function("(old) => new URLSearchParams(location.search).get('since') !== old",
+                           arg=old_since)
+    new_since, new_until = _window(page)
+    assert new_since <= outside["received"] <= new_until
+    assert abs((new_until - new_since) - (until - since)) < timedelta(milliseconds=5)
+    page.wait_for_selector(f"#events-table tr[data-event='{outside['id']}'].selected")
+
+
+def test_find_next_selects_the_next_match_in_time_order(open_page, owner, incident, falco):
+    matches = [r for r in falco if "reader-binding" in r["uri"] or "reader-binding" in r["name"]]
+    assert len(matches) >= 3
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+
+    page.fill("#find", "Reader-Binding")
+    page.press("#find", "Enter")
+    _detail_shows(page, matches[0]["id"])
+    page.press("#find", "Enter")
+    _detail_shows(page, matches[1]["id"])
+    page.click("#find-next")
+    _detail_shows(page, matches[2]["id"])
+    page.press("#find", "Shift+Enter")
+    _detail_shows(page, matches[1]["id"])
+    for _ in matches[1:]:  # to the last match, and once more
+        page.press("#find", "Enter")
+    page.wait_for_function("document.getElementById('view-status').textContent"
+                           ".includes('No further event')")
+    _detail_shows(page, matches[-1]["id"])
+
+
+# --- object versions ------------------------------------------------------------------------------
+
+def test_two_versions_of_an_object_diff_in_the_panel(open_page, owner, incident, falco):
+    created = _by_file(falco, "create_clusterrole.json")
+    widened = _by_file(falco, "create_cluster_role_wildcard_verbs.json")
+    deleted = _by_file(falco, "delete_clusterrole.json")
+    versions = [r["id"] for r in falco if r["resource"] == "clusterroles"
+                and r["name"] == "some-reader"]
+    page = open_page(owner, f"/incidents/{incident.pk}/?event={widened['id']}")
+    _detail_shows(page, widened["id"])
+
+    page.wait_for_selector("#versions-table tbody tr")
+    assert page.eval_on_selector_all("#versions-table tbody tr",
+                                     "rows => rows.map(r => Number(r.dataset.event))") == versions
+    page.click(f"#versions-table button[data-against='{created['id']}']")
+
+    page.wait_for_selector("#diff-table tbody tr")
+    rows = page.eval_on_selector_all(
+        "#diff-table tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+    assert ["rules.0.verbs.0", "get", "*"] in rows
+    assert ["rules.0.verbs.1", "list", "—"] in rows
+    assert "metadata.resourceVersion" not in [row[0] for row in rows]
+    assert str(created["id"]) in page.text_content("#diff-title").split(" to ")[0]
+    folded = page.text_content("#diff-folded")
+    assert "bookkeeping change" in folded and "folded" in folded
+
+    page.click("#diff-fold-toggle")
+    page.wait_for_function("[...document.querySelectorAll('#diff-table tbody tr td:first-child')]"
+                           ".some(c => c.textContent === 'metadata.resourceVersion')")
+
+    # the delete answered with a Status, not the object: the reason shows, not an empty table
+    page.click(f"#versions-table button[data-against='{deleted['id']}']")
+    page.wait_for_selector("#diff-reason:not([hidden])")
+    assert "no whole object" in page.text_content("#diff-reason")
+    assert page.is_hidden("#diff-table")
+
+
+# --- permalinks, layout ---------------------------------------------------------------------------
+
+def test_a_copied_link_restores_the_view_in_a_fresh_browser(open_page, owner, teammate, incident,
+                                                          falco):
+    page = open_page(owner, f"/incidents/{incident.pk}/?resource=clusterroles"
+                            f"&resource=clusterrolebindings&lanes=actor&colour=outcome")
+    _drawn(page)
+    start = _by_file(falco, "create_clusterrole.json")["received"]
+    _drag_window(page, start - timedelta(seconds=5), start + timedelta(minutes=2))
+    since, until = _window(page)
+    rbac = [r for r in falco if r["resource"] in ("clusterroles", "clusterrolebindings")]
+    first = next(n for n, r in enumerate(rbac) if since <= r["received"] <= until)
+    chosen = rbac[first + 1]  # j: the first in the window, j: the next in the filters
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    _detail_shows(page, chosen["id"])
+    page.click("#copy-link")
+    page.wait_for_function("document.getElementById('view-status').textContent.includes('link')"
+                           " || document.getElementById('view-status').textContent"
+                           ".includes('Link')")
+    link = page.url
+    window = _window(page)
+    rows = _table_ids(page)
+    assert len(rows) >= 2
+
+    again = open_page(teammate, link[link.index("/incidents/"):])
+    _drawn(again)
+    _detail_shows(again, chosen["id"])
+
+    assert _query(again) == _query(page)
+    assert again.eval_on_selector_all("#filters input[name=resource]",
+                                      "inputs => inputs.map(i => i.value)") == [
+        "clusterroles", "clusterrolebindings"]
+    assert again.input_value("#filters select[name=lanes]") == "actor"
+    assert again.input_value("#filters select[name=colour]") == "outcome"
+    shown = again.evaluate("document.getElementById('gantt').layout.xaxis.range")
+    assert _same_instant(shown[0], window[0]) and _same_instant(shown[1], window[1])
+    again.wait_for_function(
+        f"document.getElementById('gantt').dataset.selected === '{chosen['id']}'")
+    assert _same_instant(_highlight_at(again), chosen["received"])
+    assert _table_ids(again) == rows
+
+
+def test_the_events_table_scrolls_inside_its_card_on_a_narrow_screen(open_page, owner, incident,
+                                                                     falco):
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    page.set_viewport_size({"width": 480, "height": 900})
+    _drawn(page)
+
+    sizes = page.evaluate("""() => {
+        const card = document.getElementById('events');
+        const scroller = card.querySelector('.scroll-x');
+        return {card: card.getBoundingClientRect().right,
+                page: document.documentElement.clientWidth,
+                scrollable: scroller.scrollWidth > scroller.clientWidth,
+                table: scroller.querySelector('table').getBoundingClientRect().width}; }""")
+    assert sizes["card"] <= sizes["page"]
+    assert sizes["scrollable"] and sizes["table"] > sizes["page"]
+
+
+def test_a_large_incident_draws_a_heatmap_until_a_window_is_narrow(open_page, owner, incident,
+                                                                   ingest_file, tmp_path):
+    # volume by cloning one request: new auditIDs, shifted timestamps, thirty pods
+    start = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+    step = timedelta(milliseconds=180)
+    lines = []
+    for n in range(20_050):
+        stamp = (start + n * step).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lines.append(json.dumps({
+            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
+            "auditID": f"clone-{n:08d}", "stage": "ResponseComplete", "verb": "get",
+            "requestURI": f"/api/v1/namespaces/shop/pods/web-{n % 30}",
+            "user": {"username": "kubelet"}, "responseStatus": {"code": 200},
+            "objectRef": {"resource": "pods", "namespace": "shop", "name": f"web-{n % 30}"},
+            "requestReceivedTimestamp": stamp, "stageTimestamp": stamp}))
+    path = tmp_path / "cloned-20050-requests.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert ingest_file(incident, path).status == "done"
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+
+    assert page.get_attribute("#gantt", "data-mode") == "heatmap"
+    assert "20050 events: counts per lane" in page.text_content("#gantt-status")
+    page.keyboard.press("j")  # stepping works without bars: the line marks the time
+    first = Event.objects.filter(incident=incident).order_by("received", "id").first()
+    _detail_shows(page, first.pk)
+    assert _same_instant(_highlight_at(page), start)
+
+    _drag_window(page, start + timedelta(minutes=20), start + timedelta(minutes=24))
+
+    since, until = _window(page)
+    inside = sum(1 for n in range(20_050) if since <= start + n * step <= until)
+    assert 0 < inside <= 20_000
+    assert page.get_attribute("#gantt", "data-mode") == "gantt"
+    assert f"{inside} events on 30 lanes" in page.text_content("#gantt-status")
+

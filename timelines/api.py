@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 from datetime import datetime
 
-from django.http import StreamingHttpResponse
+import orjson
+from django.db.models import Q
+from django.http import HttpResponse, StreamingHttpResponse
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import NotFound, ValidationError
@@ -16,17 +18,10 @@ from incidents.access import get_visible_incident
 from incidents.models import Incident
 
 from .diff import NoVersion, diff, object_version
-from .figures import (
-    COLOURS,
-    GROUPS,
-    MAX_SPANS,
-    Span,
-    build_gantt_figure,
-    build_heatmap_figure,
-    clock_time,
-)
+from .figures import COLOURS, GROUPS
 from .filters import EventFilterSet
 from .models import Event
+from .queries import BadQuery, figure_json
 from .serializers import EventDetailSerializer, EventSerializer
 
 
@@ -93,11 +88,6 @@ def _filtered_events(request, incident_pk: int):
     return incident, filterset.qs.order_by("received", "id")
 
 
-_FIGURE_CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory
-_SPAN_FIELDS = ("id", "kind", "received", "completed", "verb", "code", "resource", "namespace",
-                "name", "username", "user_agent", "source", "subresource", "reason")
-
-
 @api_view(["GET"])
 def incident_figure(request, incident_pk: int):
     """The timeline figure of the incident's filtered events (Plotly JSON): a Gantt of WebGL
@@ -112,64 +102,20 @@ def incident_figure(request, incident_pk: int):
     ``lanes_shown`` (rows, the most active lanes plus one "(other lanes)" row if any),
     ``other_lanes`` (lanes summed into that row), ``bins`` and ``bin_ms``.
 
-    Heatmaps are cached (Django's cache) under the incident's data version and the query, so
-    the overview of a large incident is counted once per new upload, not per page view.
+    Heatmaps are cached under the incident's data version and the query
+    (``timelines.queries``), and the unfiltered ones are counted right after each ingest.
     """
-    # Imported here, not at the top: the module's import block is shared with work in progress.
-    import orjson
-    from django.core.cache import cache
-    from django.http import HttpResponse
-
-    from . import aggregate
-
-    incident, queryset = _filtered_events(request, incident_pk)
+    incident = get_visible_incident(request.user, incident_pk)
     group = request.query_params.get("lanes", "object")
     colour = request.query_params.get("colour", "verb")
     if group not in GROUPS or colour not in COLOURS:
         raise ValidationError({"lanes": f"one of {', '.join(GROUPS)}",
                                "colour": f"one of {', '.join(COLOURS)}"})
-    # A heatmap has no colours: its key leaves colour out.
-    key = aggregate.figure_cache_key(incident.pk, group, [
-        (name, values) for name, values in request.query_params.lists()
-        if name not in ("lanes", "colour")])
-    body = cache.get(key) if key is not None else None
-    if body is None:
-        since, until = _figure_window(request)
-        if aggregate.more_than(queryset, MAX_SPANS):
-            counts = aggregate.lane_counts(queryset, group, since=since, until=until,
-                                           requests_only=aggregate.requests_only(incident.pk))
-            # the bytes are cached, not the dict: a hit is served without serialising again
-            body = orjson.dumps(build_heatmap_figure(counts) if counts else
-                                build_gantt_figure([]))
-            if key is not None:
-                cache.set(key, body, _FIGURE_CACHE_SECONDS)
-        else:
-            spans = [_span(row) for row in aggregate.span_rows(queryset, _SPAN_FIELDS)]
-            # orjson: a 15,000-span Gantt in 2 ms, DRF's JSON renderer takes 40
-            body = orjson.dumps(build_gantt_figure(spans, group=group, colour=colour,
-                                                   window_start=since, window_end=until))
+    try:
+        body = figure_json(incident, request.query_params, group=group, colour=colour)
+    except BadQuery as exc:
+        raise ValidationError(exc.errors) from None
     return HttpResponse(body, content_type="application/json")
-
-
-def _span(row) -> Span:
-    (pk, kind, start, end, verb, code, resource, namespace, name, user, agent, source,
-     subresource, reason) = row
-    what = " ".join(p for p in (verb, code and str(code), reason) if p)
-    obj = "/".join(p for p in (resource, namespace, name) if p)
-    if subresource:
-        obj += f" ({subresource})"
-    # The true duration: a short request's bar is drawn wider than it lasted (MIN_BAR_SHARE).
-    took = "open" if end is None else f"{(end - start).total_seconds() * 1000:.3f} ms"
-    label = f"{clock_time(start)} {kind} {what} {obj} {user} ({took})"
-    return Span(pk, kind, start, end, verb, code, resource, namespace, name, user, agent,
-                source, label, subresource)
-
-
-def _figure_window(request) -> tuple[datetime | None, datetime | None]:
-    """``since`` and ``until`` of the (already validated) filters."""
-    form = EventFilterSet(request.query_params, queryset=Event.objects.none()).form
-    form.is_valid()
-    return form.cleaned_data.get("since"), form.cleaned_data.get("until")
 
 
 def _csv_cell(value) -> str:
@@ -211,8 +157,6 @@ def incident_events_csv(request, incident_pk: int):
 def incident_events_json(request, incident_pk: int):
     """The incident's events as a JSON array of objects with the CSV's columns (``CSV_COLUMNS``),
     filtered like the events list, in time order; streamed row by row, never held whole."""
-    import orjson  # imported here only because this block was appended to a busy module
-
     incident, queryset = _filtered_events(request, incident_pk)
     fields = [("username" if c == "user" else c) for c in CSV_COLUMNS]
 
@@ -236,8 +180,6 @@ def incident_event_step(request, incident_pk: int):
     before it; without ``from`` the first (or last) of all. ``{"event": {...}}``, ``null`` when
     there is none. One indexed query, whatever the distance: the incident page steps with it
     (j/k) and finds the next match (``q``). ``from`` itself need not match the filters."""
-    from django.db.models import Q  # see incident_events_json
-
     incident, queryset = _filtered_events(request, incident_pk)
     direction = request.query_params.get("direction", "next")
     if direction not in ("next", "previous"):

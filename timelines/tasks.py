@@ -17,6 +17,7 @@ from incidents.models import Upload
 
 from .ingest import fail_upload, ingest_upload
 from .ingest.bundle import finish_bundle
+from .queries import warm_overview
 
 log = logging.getLogger(__name__)
 TRANSIENT = (OperationalError, InterfaceError)
@@ -37,7 +38,7 @@ def ingest_upload_task(self, upload_id: int) -> None:
     share a large bundle. If the upload row has been deleted meanwhile, does nothing; if another
     worker holds it, does nothing. Retries database errors with backoff; the run is idempotent."""
     try:
-        ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn)
+        upload = ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn)
     except SoftTimeLimitExceeded:
         fail_upload(upload_id, f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
                                "and was stopped; the events stored so far are kept")
@@ -45,6 +46,17 @@ def ingest_upload_task(self, upload_id: int) -> None:
         if self.request.retries >= self.max_retries:
             fail_upload(upload_id, f"database unavailable after {self.max_retries} retries: {exc}")
         raise
+    if upload is not None and upload.finished:
+        warm_overview_task.delay(upload.incident_id)
+
+
+@shared_task(soft_time_limit=600, time_limit=660)
+def warm_overview_task(incident_id: int) -> None:
+    """Count the overview figures of an incident whose uploads have all finished, so that the
+    first page view does not wait for them (``queries.warm_overview``). Does nothing if the
+    incident was deleted meanwhile or another upload is still on its way; a failure only means
+    the first page view counts them itself."""
+    warm_overview(incident_id)
 
 
 def _spawn(upload_ids: list[int]) -> None:
@@ -96,10 +108,13 @@ def enqueue_ingest(upload_id: int) -> None:
 def _start_thread(upload_id: int) -> None:
     def run() -> None:
         try:
-            ingest_upload(upload_id)
+            upload = ingest_upload(upload_id)
         except Exception:  # the row says failed; the log says why
             log.exception("ingest of upload %s failed", upload_id)
             fail_upload(upload_id, "ingest failed unexpectedly; see the server log")
+        else:
+            if upload is not None and upload.finished:
+                warm_overview(upload.incident_id)
         finally:
             connection.close()
 

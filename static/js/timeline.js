@@ -11,14 +11,21 @@
   "use strict";
   const {el, getJSON, shortTime} = window.Hindsight;
   const Detail = window.HindsightDetail;
-  const Plotly = window.Plotly;
+  // plotly.js loads async: compiling its 4.8 MB takes over a second, during which the first
+  // figure is already being fetched (and, when not cached, counted by the server)
+  let Plotly = window.Plotly;
+  const plotlyTag = document.getElementById("plotly-js");
+  const plotlyReady = Plotly ? Promise.resolve() : new Promise((resolve, reject) => {
+    plotlyTag.addEventListener("load", () => { Plotly = window.Plotly; resolve(); });
+    plotlyTag.addEventListener("error", () => reject(new Error("plotly.js did not load")));
+  });
   const $ = (id) => document.getElementById(id);
   const box = $("gantt");
   const form = $("filters");
   const status = $("gantt-status");
   const viewStatus = $("view-status");
   const findInput = $("find");
-  if (!box || !Plotly || !form) return;
+  if (!box || !form || !(Plotly || plotlyTag)) return;
 
   const NOT_FILTERS = ["after", "lanes", "colour", "event", "partial", "sequence"];
   const WINDOW = ["since", "until"];
@@ -158,6 +165,13 @@
     }
     // plotly's resize (window, detail panel) drops layout.height and takes the div's: give it
     if (layout.height) box.style.height = layout.height + "px";
+    try {
+      await plotlyReady;
+    } catch (err) {
+      status.textContent = "could not draw the timeline (" + err.message + ")";
+      return;
+    }
+    if (controller !== drawing && drawing !== null) return;
     figureShapes = layout.shapes || [];
     figureAnnotations = layout.annotations || [];
     layout.shapes = figureShapes.concat(highlightShapes(figure.data));

@@ -196,7 +196,7 @@ def test_beyond_max_spans_the_database_counts_a_heatmap_with_its_lanes_capped(
         client_of, owner, incident, monkeypatch):
     rows = _synthetic_rows()
     _store(incident, rows)
-    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
     monkeypatch.setattr("timelines.aggregate.HEATMAP_LANES", 6)
 
     figure = _figure(client_of(owner), incident, lanes="object")
@@ -217,7 +217,7 @@ def test_a_zoomed_window_of_few_enough_events_comes_back_as_a_gantt(client_of, o
                                                                     monkeypatch):
     _store(incident, [_row(n, n / 10, resource="pods", name=f"p{n % 7}", verb="get")
                       for n in range(1000)])
-    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
     client = client_of(owner)
     since, until = "2024-03-01T12:00:10Z", "2024-03-01T12:00:15Z"
 
@@ -257,7 +257,7 @@ def test_object_lanes_show_lifespans_and_mutation_markers_that_open_the_event(
 
 def test_the_heatmap_is_counted_once_per_data_version(client_of, owner, incident, monkeypatch):
     _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)], format="audit")
-    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
     client = client_of(owner)
     calls = []
     count = aggregate.lane_counts
@@ -278,6 +278,34 @@ def test_the_heatmap_is_counted_once_per_data_version(client_of, owner, incident
     assert len(calls) == 4
 
 
+def test_the_overview_is_counted_after_the_last_upload_finishes(client_of, owner, incident,
+                                                                monkeypatch):
+    from timelines.queries import warm_overview
+
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    calls = []
+    count = aggregate.lane_counts
+    monkeypatch.setattr(aggregate, "lane_counts", lambda *a, **k: calls.append(1) or count(*a, **k))
+    _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)], format="audit")
+    waiting = _store(incident, [_row(f"b{n}", 400 + n, resource="pods", name="b")
+                                for n in range(50)], finished=False)
+    assert warm_overview(incident.pk) == 0 and calls == []  # another upload is on its way
+
+    Upload.objects.filter(pk=waiting.pk).update(status="done", finished_at=timezone.now())
+    assert warm_overview(incident.pk) == 2 and len(calls) == 2  # object and actor lanes
+    client = client_of(owner)
+    assert _figure(client, incident)["meta"]["total"] == 350
+    assert _figure(client, incident, lanes="actor")["meta"]["mode"] == "heatmap"
+    assert len(calls) == 2  # both served from what the warm-up counted
+
+
+def test_a_small_incident_needs_no_overview(incident):
+    from timelines.queries import warm_overview
+
+    _store(incident, [_row(n, n) for n in range(30)])
+    assert warm_overview(incident.pk) == 0
+
+
 def test_an_outsider_gets_404(client_of, outsider, incident):
     _store(incident, [_row(1, 1)])
     client = client_of(outsider)
@@ -289,7 +317,7 @@ def test_sqlite_counts_the_heatmap_in_python_without_truncating(client_of, owner
                                                                  monkeypatch):
     rows = _synthetic_rows(count=600)
     _store(incident, rows)
-    monkeypatch.setattr("timelines.api.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
 
     figure = _figure(client_of(owner), incident, lanes="actor")
 

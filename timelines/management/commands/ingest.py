@@ -23,6 +23,7 @@ from django.db import connection, connections
 from incidents.models import Incident, Team, Upload
 from timelines.bundles import is_bundle
 from timelines.ingest import create_local_upload, ingest_upload
+from timelines.queries import shared_cache, warm_overview
 
 
 def _start_child() -> None:
@@ -87,6 +88,8 @@ class Command(BaseCommand):
                 if self.stderr.isatty():
                     self.stderr.write("\r\033[K", ending="", style_func=str)
                 self._report(Upload.objects.get(pk=upload_id), options["json"])
+        if shared_cache():
+            warm_overview(incident.pk)  # for the web processes, which share the cache
         top = list(Upload.objects.filter(pk__in=[u.pk for u in uploads]).order_by("pk"))
         # One entry per file: a bundle's files stand for the bundle.
         entries = []

@@ -1,0 +1,116 @@
+"""Reading the event store for the timeline figure: the one function that turns an incident and
+a query (filters, ``lanes``, ``colour``) into figure JSON, used by the figure endpoint and by
+``warm_overview`` after an ingest.
+
+Heatmaps (views of more than ``MAX_SPANS`` events) are cached as JSON bytes under the incident's
+data version and the query: counting a million events takes about a second, so the overview of
+a large incident is counted once per finished upload, ahead of the first page view, instead of
+on it (bench/README.md, Figure benchmark).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import orjson
+from django.conf import settings
+from django.core.cache import cache
+from django.http import QueryDict
+
+from incidents.models import Incident
+
+from . import aggregate
+from .figures import MAX_SPANS, Span, build_gantt_figure, build_heatmap_figure, clock_time
+from .filters import EventFilterSet
+from .models import Event
+
+log = logging.getLogger(__name__)
+
+FIGURE_CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory
+VIEW_PARAMS = ("lanes", "colour")  # of the query, what is not a filter
+# The views warmed after an ingest: the page's default (object lanes, no filter) first.
+OVERVIEW_LANES = ("object", "actor")
+_SPAN_FIELDS = ("id", "kind", "received", "completed", "verb", "code", "resource", "namespace",
+                "name", "username", "user_agent", "source", "subresource", "reason")
+
+
+class BadQuery(ValueError):
+    """The query's filters do not validate; ``errors`` says how."""
+
+    def __init__(self, errors) -> None:
+        super().__init__(str(errors))
+        self.errors = errors
+
+
+def figure_json(incident: Incident, params: QueryDict, *, group: str = "object",
+                colour: str = "verb") -> bytes:
+    """The figure of the incident's events filtered by ``params`` (EventFilterSet), as JSON
+    bytes: a Gantt up to ``MAX_SPANS`` events, a heatmap counted by the database beyond (cached;
+    a hit is served without counting or serialising again)."""
+    filterset = EventFilterSet(params, queryset=Event.objects.filter(incident=incident))
+    if not filterset.is_valid():
+        raise BadQuery(filterset.errors)
+    queryset = filterset.qs.order_by("received", "id")
+    # A heatmap has no colours: its key leaves colour out.
+    key = aggregate.figure_cache_key(incident.pk, group, [
+        (name, values) for name, values in params.lists() if name not in VIEW_PARAMS])
+    body = cache.get(key) if key is not None else None
+    if body is not None:
+        return body
+    since = filterset.form.cleaned_data.get("since")
+    until = filterset.form.cleaned_data.get("until")
+    if aggregate.more_than(queryset, MAX_SPANS):
+        counts = aggregate.lane_counts(queryset, group, since=since, until=until,
+                                       requests_only=aggregate.requests_only(incident.pk))
+        body = orjson.dumps(build_heatmap_figure(counts) if counts else build_gantt_figure([]))
+        if key is not None:
+            cache.set(key, body, FIGURE_CACHE_SECONDS)
+        return body
+    spans = [_span(row) for row in aggregate.span_rows(queryset, _SPAN_FIELDS)]
+    # orjson: a 15,000-span Gantt in 2 ms, DRF's JSON renderer takes 40
+    return orjson.dumps(build_gantt_figure(spans, group=group, colour=colour,
+                                           window_start=since, window_end=until))
+
+
+def warm_overview(incident_id: int) -> int:
+    """Count and cache the unfiltered heatmaps of an incident (``OVERVIEW_LANES``) so that the
+    first page view after an ingest is served from the cache. Does nothing while an upload of
+    the incident is still running or waiting (the last one to finish warms), for a small
+    incident (its Gantt is quick and not cached) or for an incident deleted meanwhile.
+    Returns how many views it counted."""
+    incident = Incident.objects.filter(pk=incident_id).first()
+    if incident is None or incident.uploads.filter(finished_at=None).exists():
+        return 0
+    if not aggregate.more_than(Event.objects.filter(incident=incident), MAX_SPANS):
+        return 0
+    for group in OVERVIEW_LANES:
+        figure_json(incident, QueryDict(), group=group)
+    log.info("counted the overview of incident %s", incident_id)
+    return len(OVERVIEW_LANES)
+
+
+def shared_cache() -> bool:
+    """Whether other processes see this process's cache (not the in-process default)."""
+    return "locmem" not in settings.CACHES["default"]["BACKEND"].lower()
+
+
+def _span(row) -> Span:
+    (pk, kind, start, end, verb, code, resource, namespace, name, user, agent, source,
+     subresource, reason) = row
+    what = " ".join(p for p in (verb, code and str(code), reason) if p)
+    obj = "/".join(p for p in (resource, namespace, name) if p)
+    if subresource:
+        obj += f" ({subresource})"
+    # The true duration: a short request's bar is drawn wider than it lasted (MIN_BAR_SHARE).
+    took = "open" if end is None else f"{(end - start).total_seconds() * 1000:.3f} ms"
+    label = f"{clock_time(start)} {kind} {what} {obj} {user} ({took})"
+    return Span(pk, kind, start, end, verb, code, resource, namespace, name, user, agent,
+                source, label, subresource)
+
+
+def window_of(params: QueryDict) -> tuple[datetime | None, datetime | None]:
+    """``since`` and ``until`` of a query's filters (None where absent or invalid)."""
+    form = EventFilterSet(params, queryset=Event.objects.none()).form
+    form.is_valid()
+    return form.cleaned_data.get("since"), form.cleaned_data.get("until")

@@ -133,6 +133,35 @@ def token_for():
 
 
 @pytest.fixture
+def api(client, owner, token_for):
+    """``api(url, params=None, key=<owner's token>)`` → a GET with that token (None: none)."""
+    key = token_for(owner)
+
+    def get(url, params=None, key=key):
+        headers = {"Authorization": f"Token {key}"} if key else {}
+        return client.get(url, params or {}, headers=headers)
+
+    return get
+
+
+@pytest.fixture
+def api_as():
+    """``api_as(user, scope="full")`` → an APIClient sending that user's token (None:
+    anonymous)."""
+    from rest_framework.test import APIClient
+
+    from incidents.models import ApiToken
+
+    def make(user=None, scope="full"):
+        client = APIClient()
+        if user is not None:
+            client.credentials(HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user, scope=scope)[1]}")
+        return client
+
+    return make
+
+
+@pytest.fixture
 def ingest_file():
     """``ingest_file(incident, path)`` → the finished Upload, ingested in-process."""
     from timelines.ingest import create_local_upload, ingest_upload

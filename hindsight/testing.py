@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 
 def requests_in(path: Path) -> set[tuple[str, str]]:
@@ -16,3 +17,15 @@ def requests_in(path: Path) -> set[tuple[str, str]]:
             keys.add((event["auditID"],
                       event.get("requestReceivedTimestamp") or event["timestamp"]))
     return keys
+
+
+def page_query(page) -> dict[str, list[str]]:
+    """The query of a Playwright page's URL, every value of each parameter."""
+    return parse_qs(urlsplit(page.url).query)
+
+
+def wait_for_detail(page, event_id: int) -> None:
+    """Wait until the incident page's detail panel shows the event."""
+    page.wait_for_function(
+        f"!document.getElementById('detail').hidden && "
+        f"document.getElementById('detail-title').textContent === 'Event {event_id}'")

@@ -8,25 +8,11 @@ import re
 from datetime import datetime, timedelta
 
 import pytest
-from rest_framework.test import APIClient
 
 from incidents.markdown import render_markdown
-from incidents.models import ApiToken, Incident
+from incidents.models import Incident
 from incidents.notes import Annotation
 from timelines.models import Event
-
-
-@pytest.fixture
-def api():
-    """``api(user, scope="full")`` → an APIClient sending that user's token (None: anonymous)."""
-
-    def make(user=None, scope="full"):
-        client = APIClient()
-        if user is not None:
-            client.credentials(HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user, scope=scope)[1]}")
-        return client
-
-    return make
 
 
 @pytest.fixture
@@ -99,9 +85,9 @@ def test_markdown_html_is_escaped_not_dropped():
 # --- creating ----------------------------------------------------------------------------------
 
 @pytest.mark.django_db
-def test_an_annotation_on_an_event_takes_the_events_times(events, incident, owner, api):
+def test_an_annotation_on_an_event_takes_the_events_times(events, incident, owner, api_as):
     event = events[2]
-    response = post(api(owner), incident, event=event.pk, note="bob *can* list now",
+    response = post(api_as(owner), incident, event=event.pk, note="bob *can* list now",
                     tags=[" RBAC ", "rbac", "", "Root-Cause"], starred=True)
 
     assert response.status_code == 201, response.content
@@ -124,23 +110,23 @@ def test_an_annotation_on_an_event_takes_the_events_times(events, incident, owne
 
 
 @pytest.mark.django_db
-def test_an_annotation_on_a_time_range(incident, owner, api):
-    response = post(api(owner), incident, start=iso(0), end=iso(90), note="etcd compaction")
+def test_an_annotation_on_a_time_range(incident, owner, api_as):
+    response = post(api_as(owner), incident, start=iso(0), end=iso(90), note="etcd compaction")
     assert response.status_code == 201, response.content
     body = response.json()
     assert (at(body["start"]), at(body["end"])) == (T0, T0 + timedelta(seconds=90))
     assert body["event"] is None
-    point = post(api(owner), incident, start=iso(5)).json()
+    point = post(api_as(owner), incident, start=iso(5)).json()
     assert point["end"] is None
 
 
 @pytest.mark.django_db
-def test_an_event_of_another_incident_is_refused(events, incident, team, owner, api,
+def test_an_event_of_another_incident_is_refused(events, incident, team, owner, api_as,
                                                  ingest_file, fixtures_dir):
     other = Incident.objects.create(title="other", team=team, created_by=owner)
     ingest_file(other, fixtures_dir / "audit" / "openshift-requestresponse.log")
     foreign = Event.objects.filter(incident=other).first()
-    client = api(owner)
+    client = api_as(owner)
 
     for event_id in (foreign.pk, 10**12):
         response = post(client, incident, event=event_id)
@@ -159,27 +145,27 @@ def test_an_event_of_another_incident_is_refused(events, incident, team, owner, 
     ({"start": iso(0), "tags": ["x" * 51]}, "tags"),
     ({"start": iso(0), "tags": "not-a-list"}, "tags"),
 ])
-def test_invalid_annotations_are_refused(events, incident, owner, api, body, field):
+def test_invalid_annotations_are_refused(events, incident, owner, api_as, body, field):
     if body.get("event") == "{event}":
         body = {**body, "event": events[0].pk}
-    response = post(api(owner), incident, **body)
+    response = post(api_as(owner), incident, **body)
     assert response.status_code == 400
     assert field in response.json()
     assert not Annotation.objects.exists()
 
 
 @pytest.mark.django_db
-def test_twenty_tags_of_fifty_characters_are_fine(incident, owner, api):
+def test_twenty_tags_of_fifty_characters_are_fine(incident, owner, api_as):
     tags = [f"{n:02d}" + "x" * 48 for n in range(20)]
-    response = post(api(owner), incident, start=iso(0), tags=tags + [t.upper() for t in tags])
+    response = post(api_as(owner), incident, start=iso(0), tags=tags + [t.upper() for t in tags])
     assert response.status_code == 201
     assert response.json()["tags"] == tags
 
 
 @pytest.mark.django_db
-def test_a_note_with_a_script_is_stored_as_written_and_rendered_inert(incident, owner, api):
+def test_a_note_with_a_script_is_stored_as_written_and_rendered_inert(incident, owner, api_as):
     note = "<script>alert(1)</script> [x](javascript:alert(1))"
-    body = post(api(owner), incident, start=iso(0), note=note).json()
+    body = post(api_as(owner), incident, start=iso(0), note=note).json()
     assert body["note"] == note
     assert "<script" not in body["note_html"]
     assert "href" not in body["note_html"]
@@ -188,8 +174,8 @@ def test_a_note_with_a_script_is_stored_as_written_and_rendered_inert(incident, 
 # --- reading and filtering ---------------------------------------------------------------------
 
 @pytest.fixture
-def several(incident, owner, api):
-    client = api(owner)
+def several(incident, owner, api_as):
+    client = api_as(owner)
     made = [
         post(client, incident, start=iso(0), end=iso(60), tags=["etcd"], note="slow etcd"),
         post(client, incident, start=iso(30), tags=["rbac"], starred=True, note="Forbidden"),
@@ -206,8 +192,8 @@ def listed(client, incident, query="") -> list[int]:
 
 
 @pytest.mark.django_db
-def test_the_list_is_in_time_order_with_what_markers_need(several, incident, teammate, api):
-    body = api(teammate).get(url(incident)).json()
+def test_the_list_is_in_time_order_with_what_markers_need(several, incident, teammate, api_as):
+    body = api_as(teammate).get(url(incident)).json()
     assert [a["id"] for a in body["results"]] == several
     assert body["next"] is None
     first = body["results"][0]
@@ -230,13 +216,13 @@ def test_the_list_is_in_time_order_with_what_markers_need(several, incident, tea
     ("?since=2017-09-11T20:02:30Z&until=2017-09-11T20:04:00Z", [2]),
     ("?tag=etcd&since=2017-09-11T20:01:30Z", [2]),
 ])
-def test_the_list_filters(several, incident, owner, api, query, expected):
-    assert listed(api(owner), incident, query) == [several[i] for i in expected]
+def test_the_list_filters(several, incident, owner, api_as, query, expected):
+    assert listed(api_as(owner), incident, query) == [several[i] for i in expected]
 
 
 @pytest.mark.django_db
-def test_the_list_filters_by_event(events, incident, owner, api):
-    client = api(owner)
+def test_the_list_filters_by_event(events, incident, owner, api_as):
+    client = api_as(owner)
     on_event = post(client, incident, event=events[4].pk).json()["id"]
     post(client, incident, event=events[5].pk)
     post(client, incident, start=iso(0))
@@ -244,14 +230,14 @@ def test_the_list_filters_by_event(events, incident, owner, api):
 
 
 @pytest.mark.django_db
-def test_a_bad_filter_is_400(incident, owner, api):
-    assert api(owner).get(url(incident) + "?since=yesterday").status_code == 400
+def test_a_bad_filter_is_400(incident, owner, api_as):
+    assert api_as(owner).get(url(incident) + "?since=yesterday").status_code == 400
 
 
 @pytest.mark.embedded
 @pytest.mark.django_db
-def test_tags_filter_on_the_embedded_sqlite_default(incident, owner, api):
-    client = api(owner)
+def test_tags_filter_on_the_embedded_sqlite_default(incident, owner, api_as):
+    client = api_as(owner)
     made = [post(client, incident, start=iso(n), tags=tags).json()["id"]
             for n, tags in enumerate([["etcd"], ["etcd-2"], ["dns", "etcd"], []])]
     assert listed(client, incident, "?tag=etcd") == [made[0], made[2]]
@@ -261,8 +247,8 @@ def test_tags_filter_on_the_embedded_sqlite_default(incident, owner, api):
 # --- changing ----------------------------------------------------------------------------------
 
 @pytest.mark.django_db
-def test_patch_changes_the_note_tags_and_star(incident, owner, api):
-    client = api(owner)
+def test_patch_changes_the_note_tags_and_star(incident, owner, api_as):
+    client = api_as(owner)
     made = post(client, incident, start=iso(0), note="first").json()
     response = client.patch(f"/api/v1/annotations/{made['id']}/",
                             {"note": "# Root cause", "tags": ["Etcd"], "starred": True},
@@ -279,8 +265,8 @@ def test_patch_changes_the_note_tags_and_star(incident, owner, api):
 
 
 @pytest.mark.django_db
-def test_patch_keeps_event_times_unless_the_event_is_dropped(events, incident, owner, api):
-    client = api(owner)
+def test_patch_keeps_event_times_unless_the_event_is_dropped(events, incident, owner, api_as):
+    client = api_as(owner)
     made = post(client, incident, event=events[0].pk).json()
     detail = f"/api/v1/annotations/{made['id']}/"
 
@@ -296,17 +282,17 @@ def test_patch_keeps_event_times_unless_the_event_is_dropped(events, incident, o
 
 
 @pytest.mark.django_db
-def test_put_is_not_offered(incident, owner, api):
-    made = post(api(owner), incident, start=iso(0)).json()
-    response = api(owner).put(f"/api/v1/annotations/{made['id']}/", {"start": iso(1)},
+def test_put_is_not_offered(incident, owner, api_as):
+    made = post(api_as(owner), incident, start=iso(0)).json()
+    response = api_as(owner).put(f"/api/v1/annotations/{made['id']}/", {"start": iso(1)},
                               format="json")
     assert response.status_code == 405
 
 
 @pytest.mark.django_db
-def test_delete_removes_it(incident, owner, api):
-    made = post(api(owner), incident, start=iso(0)).json()
-    assert api(owner).delete(f"/api/v1/annotations/{made['id']}/").status_code == 204
+def test_delete_removes_it(incident, owner, api_as):
+    made = post(api_as(owner), incident, start=iso(0)).json()
+    assert api_as(owner).delete(f"/api/v1/annotations/{made['id']}/").status_code == 204
     assert not Annotation.objects.filter(pk=made["id"]).exists()
 
 
@@ -332,8 +318,8 @@ def untouched(annotation) -> bool:
 
 
 @pytest.mark.django_db
-def test_a_viewer_reads_but_may_not_write(incident, existing, teammate, api):
-    client = api(teammate)
+def test_a_viewer_reads_but_may_not_write(incident, existing, teammate, api_as):
+    client = api_as(teammate)
     reads, writes = attempts(incident, existing)
     for method, target, body in reads:
         assert getattr(client, method)(target, body, format="json").status_code == 200
@@ -345,9 +331,9 @@ def test_a_viewer_reads_but_may_not_write(incident, existing, teammate, api):
 @pytest.mark.django_db
 @pytest.mark.parametrize(("persona", "scope", "code"), [
     ("outsider", "full", 404), (None, None, 401), ("owner", "upload", 403)])
-def test_others_get_nothing(request, incident, existing, api, persona, scope, code):
+def test_others_get_nothing(request, incident, existing, api_as, persona, scope, code):
     user = request.getfixturevalue(persona) if persona else None
-    client = api(user, scope=scope) if user else api(None)
+    client = api_as(user, scope=scope) if user else api_as(None)
     reads, writes = attempts(incident, existing)
     for method, target, body in reads + writes:
         response = getattr(client, method)(target, body, format="json")
@@ -356,11 +342,11 @@ def test_others_get_nothing(request, incident, existing, api, persona, scope, co
 
 
 @pytest.mark.django_db
-def test_the_owner_and_a_superuser_write(incident, existing, owner, superuser, api):
+def test_the_owner_and_a_superuser_write(incident, existing, owner, superuser, api_as):
     for user in (owner, superuser):
-        response = api(user).patch(f"/api/v1/annotations/{existing.pk}/",
+        response = api_as(user).patch(f"/api/v1/annotations/{existing.pk}/",
                                    {"note": f"by {user.username}"}, format="json")
         assert response.status_code == 200
     assert Annotation.objects.get(pk=existing.pk).note == "by root"
-    created = post(api(superuser), incident, start=iso(0)).json()
+    created = post(api_as(superuser), incident, start=iso(0)).json()
     assert created["author"] == "root"

@@ -6,12 +6,13 @@ times come from the database rows of the ingested fixture, expected text from it
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 
+from hindsight.testing import page_query, wait_for_detail
 from incidents.models import Incident
 from incidents.notes import Annotation, Sequence, format_delta, format_duration, format_time
 from incidents.sharing import ShareLink
@@ -27,20 +28,10 @@ def _drawn(page, at_least: int = 1) -> None:
         f"Number(document.getElementById('gantt').dataset.drawn || 0) >= {at_least}")
 
 
-def _query(page) -> dict[str, list[str]]:
-    return parse_qs(urlsplit(page.url).query)
-
-
-def _detail_shows(page, event_id: int) -> None:
-    page.wait_for_function(
-        f"!document.getElementById('detail').hidden && "
-        f"document.getElementById('detail-title').textContent === 'Event {event_id}'")
-
-
 def _select_row(page, event_id: int) -> None:
     """Click the event's row in the events table, as a person picks an event."""
     page.click(f"#events-table tr[data-event='{event_id}'] td:nth-child(2)")
-    _detail_shows(page, event_id)
+    wait_for_detail(page, event_id)
 
 
 def _markers(page, prefix: str) -> list[dict]:
@@ -95,7 +86,7 @@ def test_an_owner_annotates_an_event_and_a_window_and_filters_them(open_page, ow
     target = _distinct_times(events, 1)[0]
     page = open_page(owner, f"/incidents/{incident.pk}/?event={target.pk}")
     _drawn(page)
-    _detail_shows(page, target.pk)
+    wait_for_detail(page, target.pk)
 
     page.click("#detail-annotate")  # "Annotate this event" in the detail panel
     assert f"On event {target.pk}" in page.text_content("#annotation-target")
@@ -160,11 +151,11 @@ def test_an_owner_annotates_an_event_and_a_window_and_filters_them(open_page, ow
 
     # clicking an entry selects its event, or zooms to its range
     page.click(f"#annotation-list li[data-annotation='{note.pk}'] .note-when")
-    _detail_shows(page, target.pk)
+    wait_for_detail(page, target.pk)
     page.click(f"#annotation-list li[data-annotation='{band.pk}'] .note-when")
     page.wait_for_function("(t) => new URLSearchParams(location.search).get('until') === t",
                            arg=format_time(until).replace("Z", ".000Z"))
-    assert _query(page)["since"] == [format_time(since).replace("Z", ".000Z")]
+    assert page_query(page)["since"] == [format_time(since).replace("Z", ".000Z")]
 
     # edit and delete (the delete button asks once more)
     page.click(f"#annotation-list li[data-annotation='{band.pk}'] button.edit")
@@ -197,7 +188,7 @@ def test_an_owner_builds_reorders_and_exports_a_sequence(open_page, owner, incid
     page.click("#sequence-new button")
     page.wait_for_selector("#sequence-view:not([hidden])")
     sequence = Sequence.objects.get(incident=incident)
-    assert _query(page)["sequence"] == [str(sequence.pk)]
+    assert page_query(page)["sequence"] == [str(sequence.pk)]
     assert page.input_value("#sequence-select") == str(sequence.pk)
 
     for n, (event, note) in enumerate([(first, "bob lists pods"), (second, "still refused"),
@@ -248,7 +239,7 @@ def test_an_owner_builds_reorders_and_exports_a_sequence(open_page, owner, incid
 
     # choose step 1 (selects its event), then insert another event after it
     page.click("#sequence-steps li.step:nth-child(1) .step-time")
-    _detail_shows(page, second.pk)
+    wait_for_detail(page, second.pk)
     _select_row(page, fourth.pk)
     page.select_option("#step-form select[name=where]", "after")
     page.fill("#step-form input[name=note]", "and then")
@@ -283,7 +274,7 @@ def test_an_owner_builds_reorders_and_exports_a_sequence(open_page, owner, incid
     index = page.evaluate("(name) => document.getElementById('gantt').layout.annotations"
                           ".findIndex(a => a.name === name)", f"step:{step.pk}")
     page.click(f"#gantt g.annotation[data-index='{index}'] .annotation-text-g")
-    _detail_shows(page, first.pk)
+    wait_for_detail(page, first.pk)
 
 
 # --- share links --------------------------------------------------------------------------------
@@ -328,9 +319,9 @@ def test_a_share_link_opens_the_view_read_only_until_it_is_revoked(open_page, ow
     holder = open_page(None, url[url.index("/s/"):])
     _drawn(holder)
     assert urlsplit(holder.url).path == f"/incidents/{incident.pk}/"
-    assert _query(holder) == {"resource": ["pods"], "lanes": ["actor"], "event": [str(second.pk)],
-                              "sequence": [str(sequence_id)]}
-    _detail_shows(holder, second.pk)
+    assert page_query(holder) == {"resource": ["pods"], "lanes": ["actor"],
+                                  "event": [str(second.pk)], "sequence": [str(sequence_id)]}
+    wait_for_detail(holder, second.pk)
     holder.wait_for_selector("#sequence-view:not([hidden])")
     assert holder.input_value("#sequence-select") == str(sequence_id)
     assert _texts(holder, "#sequence-steps .step-note") == ["one", "two"]

@@ -11,10 +11,9 @@ from types import SimpleNamespace
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from rest_framework.test import APIClient
 
 from incidents import notes
-from incidents.models import ApiToken, Incident
+from incidents.models import Incident
 from incidents.notes import Annotation, Sequence, SequenceStep
 from incidents.notes import describe_event as describe
 from timelines.models import Event
@@ -35,18 +34,6 @@ def received_times(path) -> dict[str, datetime]:
 
 def ms(delta: timedelta) -> float:  # as the API counts: float ms, microsecond precision
     return delta / timedelta(milliseconds=1)
-
-
-@pytest.fixture
-def api():
-    """``api(user, scope="full")`` → an APIClient sending that user's token (None: anonymous)."""
-    def make(user=None, scope="full"):
-        client = APIClient()
-        if user is not None:
-            client.credentials(HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user, scope=scope)[1]}")
-        return client
-
-    return make
 
 
 @pytest.fixture
@@ -73,10 +60,10 @@ def create(client, incident, title, *steps):
 
 
 @pytest.fixture
-def sequence(demo, owner, api):
+def sequence(demo, owner, api_as):
     """A three-step sequence on demo events 0, 2, 1 (the last one earlier than its previous)."""
     incident, events, _ = demo
-    response = create(api(owner), incident, "bob gets access",
+    response = create(api_as(owner), incident, "bob gets access",
                       {"event": events[0].pk, "note": "bob cannot list pods"},
                       {"event": events[2].pk, "note": "after the binding"},
                       {"event": events[1].pk})
@@ -145,9 +132,9 @@ def test_sequence_markdown_numbers_steps_with_the_first_time_and_later_deltas():
 
 @pytest.mark.django_db
 def test_created_sequence_has_steps_with_descriptions_and_deltas_from_the_evidence(
-        sequence, demo, owner, api):
+        sequence, demo, owner, api_as):
     incident, events, times = demo
-    body = api(owner).get(f"/api/v1/sequences/{sequence.pk}/").json()
+    body = api_as(owner).get(f"/api/v1/sequences/{sequence.pk}/").json()
 
     assert body["title"] == "bob gets access"
     assert body["incident"] == incident.pk
@@ -168,14 +155,14 @@ def test_created_sequence_has_steps_with_descriptions_and_deltas_from_the_eviden
 
 
 @pytest.mark.django_db
-def test_deltas_keep_the_microseconds_of_the_evidence(incident, owner, api, ingest_file,
+def test_deltas_keep_the_microseconds_of_the_evidence(incident, owner, api_as, ingest_file,
                                                       fixtures_dir):
     path = fixtures_dir / OPENSHIFT_LOG
     ingest_file(incident, path)
     times = received_times(path)
     by_audit = {e.audit_id: e for e in Event.objects.filter(incident=incident)}
     first, second, third = list(times)[:3]
-    response = create(api(owner), incident, "olm", *[{"event": by_audit[a].pk}
+    response = create(api_as(owner), incident, "olm", *[{"event": by_audit[a].pk}
                                                      for a in (second, first, third)])
 
     steps = response.json()["steps"]
@@ -190,9 +177,9 @@ def test_deltas_keep_the_microseconds_of_the_evidence(incident, owner, api, inge
 
 
 @pytest.mark.django_db
-def test_a_step_on_an_annotation_takes_its_time_and_follows_its_changes(demo, owner, api):
+def test_a_step_on_an_annotation_takes_its_time_and_follows_its_changes(demo, owner, api_as):
     incident, events, times = demo
-    client = api(owner)
+    client = api_as(owner)
     start = times[list(times)[3]] + timedelta(milliseconds=250)
     annotation = client.post(f"/api/v1/incidents/{incident.pk}/annotations/",
                              {"start": start.isoformat(), "note": "## the *binding* lands"},
@@ -226,9 +213,9 @@ def test_a_step_on_an_annotation_takes_its_time_and_follows_its_changes(demo, ow
 
 
 @pytest.mark.django_db
-def test_an_incident_lists_several_sequences_in_as_many_queries_as_one(demo, owner, api):
+def test_an_incident_lists_several_sequences_in_as_many_queries_as_one(demo, owner, api_as):
     incident, events, _ = demo
-    client = api(owner)
+    client = api_as(owner)
     url = f"/api/v1/incidents/{incident.pk}/sequences/"
     marks = [Annotation.objects.create(incident=incident, start=events[n].received, note="n")
              for n in range(4)]
@@ -251,11 +238,11 @@ def test_an_incident_lists_several_sequences_in_as_many_queries_as_one(demo, own
 
 @pytest.mark.django_db
 def test_a_step_on_another_incidents_event_or_annotation_is_refused_naming_it(
-        demo, team, owner, api, foreign_event):
+        demo, team, owner, api_as, foreign_event):
     incident, events, _ = demo
     other = Incident.objects.create(title="other", team=team)
     foreign = Annotation.objects.create(incident=other, start=events[0].received)
-    response = create(api(owner), incident, "bad", {"event": events[0].pk},
+    response = create(api_as(owner), incident, "bad", {"event": events[0].pk},
                       {"event": foreign_event.pk}, {"event": 10**12}, {"annotation": foreign.pk})
 
     assert response.status_code == 400
@@ -270,9 +257,9 @@ def test_a_step_on_another_incidents_event_or_annotation_is_refused_naming_it(
 @pytest.mark.parametrize(("title", "step", "error"), [
     ("t", {}, "exactly one"), ("t", {"note": "x"}, "exactly one"),
     ("t", {"event": 1, "annotation": 1}, "exactly one"), ("", {"event": 1}, "title")])
-def test_a_sequence_needs_a_title_and_steps_on_one_thing(demo, owner, api, title, step, error):
+def test_a_sequence_needs_a_title_and_steps_on_one_thing(demo, owner, api_as, title, step, error):
     incident, _, _ = demo
-    response = create(api(owner), incident, title, step)
+    response = create(api_as(owner), incident, title, step)
     assert response.status_code == 400
     assert error in str(response.json())
     assert not Sequence.objects.exists()
@@ -285,9 +272,9 @@ def step_ids(client, sequence) -> list[int]:
 
 
 @pytest.mark.django_db
-def test_inserting_a_step_at_a_position_or_the_end(sequence, demo, owner, api):
+def test_inserting_a_step_at_a_position_or_the_end(sequence, demo, owner, api_as):
     _, events, times = demo
-    client = api(owner)
+    client = api_as(owner)
     before = step_ids(client, sequence)
     response = client.post(f"/api/v1/sequences/{sequence.pk}/steps/",
                            {"event": events[3].pk, "note": "ns1 too", "position": 2},
@@ -311,9 +298,9 @@ def test_inserting_a_step_at_a_position_or_the_end(sequence, demo, owner, api):
 
 @pytest.mark.django_db
 def test_inserting_beyond_the_end_or_from_another_incident_is_refused(
-        sequence, demo, owner, api, foreign_event):
+        sequence, demo, owner, api_as, foreign_event):
     _, events, _ = demo
-    client = api(owner)
+    client = api_as(owner)
     url = f"/api/v1/sequences/{sequence.pk}/steps/"
     beyond = client.post(url, {"event": events[8].pk, "position": 5}, format="json")
     foreign = client.post(url, {"event": foreign_event.pk}, format="json")
@@ -326,9 +313,9 @@ def test_inserting_beyond_the_end_or_from_another_incident_is_refused(
 
 
 @pytest.mark.django_db
-def test_removing_a_step_renumbers_and_recomputes_deltas(sequence, demo, owner, api):
+def test_removing_a_step_renumbers_and_recomputes_deltas(sequence, demo, owner, api_as):
     incident, events, times = demo
-    client = api(owner)
+    client = api_as(owner)
     first, second, third = step_ids(client, sequence)
     foreign = create(client, incident, "other", {"event": events[4].pk}).json()["steps"][0]["id"]
     assert client.delete(f"/api/v1/sequences/{sequence.pk}/steps/{foreign}/").status_code == 404
@@ -344,8 +331,8 @@ def test_removing_a_step_renumbers_and_recomputes_deltas(sequence, demo, owner, 
 
 
 @pytest.mark.django_db
-def test_reorder_puts_the_steps_in_the_given_order(sequence, owner, api):
-    client = api(owner)
+def test_reorder_puts_the_steps_in_the_given_order(sequence, owner, api_as):
+    client = api_as(owner)
     first, second, third = step_ids(client, sequence)
     response = client.post(f"/api/v1/sequences/{sequence.pk}/reorder/",
                            {"order": [third, first, second]}, format="json")
@@ -359,8 +346,8 @@ def test_reorder_puts_the_steps_in_the_given_order(sequence, owner, api):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("order", ["missing", "twice", "foreign", "not a list"])
-def test_reorder_refuses_anything_but_each_step_once(sequence, owner, api, order):
-    client = api(owner)
+def test_reorder_refuses_anything_but_each_step_once(sequence, owner, api_as, order):
+    client = api_as(owner)
     first, second, third = step_ids(client, sequence)
     body = {"missing": [third, first], "twice": [first, first, second, third],
             "foreign": [first, second, third + 1000], "not a list": "1,2,3"}[order]
@@ -372,9 +359,9 @@ def test_reorder_refuses_anything_but_each_step_once(sequence, owner, api, order
 
 
 @pytest.mark.django_db
-def test_put_replaces_steps_keeping_given_ids_and_delete_removes_all(sequence, demo, owner, api):
+def test_put_replaces_steps_keeping_given_ids_and_delete_removes_all(sequence, demo, owner, api_as):
     _, events, _ = demo
-    client = api(owner)
+    client = api_as(owner)
     first, second, third = step_ids(client, sequence)
     response = client.put(f"/api/v1/sequences/{sequence.pk}/", {
         "title": "renamed",
@@ -398,9 +385,9 @@ def test_put_replaces_steps_keeping_given_ids_and_delete_removes_all(sequence, d
 
 
 @pytest.mark.django_db
-def test_put_needs_title_and_own_steps_but_patch_takes_either(sequence, demo, owner, api):
+def test_put_needs_title_and_own_steps_but_patch_takes_either(sequence, demo, owner, api_as):
     incident, events, _ = demo
-    client = api(owner)
+    client = api_as(owner)
     url = f"/api/v1/sequences/{sequence.pk}/"
     assert client.put(url, {"title": "only"}, format="json").status_code == 400
     foreign = create(client, incident, "other", {"event": events[4].pk}).json()["steps"][0]["id"]
@@ -420,8 +407,8 @@ def test_put_needs_title_and_own_steps_but_patch_takes_either(sequence, demo, ow
 # --- exports -----------------------------------------------------------------------------------
 
 @pytest.mark.django_db
-def test_export_md_tells_the_sequence_as_a_numbered_list(sequence, owner, api):
-    response = api(owner).get(f"/api/v1/sequences/{sequence.pk}/export.md")
+def test_export_md_tells_the_sequence_as_a_numbered_list(sequence, owner, api_as):
+    response = api_as(owner).get(f"/api/v1/sequences/{sequence.pk}/export.md")
 
     assert response.status_code == 200
     assert response["Content-Type"] == "text/markdown; charset=utf-8"
@@ -437,8 +424,8 @@ def test_export_md_tells_the_sequence_as_a_numbered_list(sequence, owner, api):
 
 
 @pytest.mark.django_db
-def test_export_json_is_the_api_representation_as_a_download(sequence, owner, api):
-    client = api(owner)
+def test_export_json_is_the_api_representation_as_a_download(sequence, owner, api_as):
+    client = api_as(owner)
     response = client.get(f"/api/v1/sequences/{sequence.pk}/export.json")
 
     assert response.status_code == 200
@@ -482,16 +469,16 @@ def unchanged(sequence) -> bool:
 @pytest.mark.parametrize(("persona", "scope", "read", "write"), [
     ("teammate", "full", 200, 403),  # a viewer reads but may not change
     ("outsider", "full", 404, 404), (None, None, 401, 401), ("owner", "upload", 403, 403)])
-def test_who_may_read_and_write(request, sequence, api, persona, scope, read, write):
-    client = api(request.getfixturevalue(persona), scope=scope) if persona else api(None)
+def test_who_may_read_and_write(request, sequence, api_as, persona, scope, read, write):
+    client = api_as(request.getfixturevalue(persona), scope=scope) if persona else api_as(None)
     for (method, url, *body), code in [(r, read) for r in READS] + [(w, write) for w in WRITES]:
         assert call(client, method, url, sequence, *body).status_code == code, (method, url)
     assert unchanged(sequence)
 
 
 @pytest.mark.django_db
-def test_a_superuser_outside_the_team_may_edit(sequence, superuser, api):
-    response = api(superuser).patch(f"/api/v1/sequences/{sequence.pk}/", {"title": "root"},
+def test_a_superuser_outside_the_team_may_edit(sequence, superuser, api_as):
+    response = api_as(superuser).patch(f"/api/v1/sequences/{sequence.pk}/", {"title": "root"},
                                     format="json")
     assert response.status_code == 200
     assert Sequence.objects.get(pk=sequence.pk).title == "root"

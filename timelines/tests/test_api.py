@@ -98,17 +98,6 @@ def timeline(incident, ingest_file, fixtures_dir, tmp_path) -> list[dict]:
     return [facts(e) for e in events]
 
 
-@pytest.fixture
-def api(client, owner, token_for):
-    key = token_for(owner)
-
-    def get(url, params=None, key=key):
-        headers = {"Authorization": f"Token {key}"} if key else {}
-        return client.get(url, params or {}, headers=headers)
-
-    return get
-
-
 def all_results(get, url, params) -> list[dict]:
     """Every page of a cursor-paginated list."""
     response = get(url, {**params, "page_size": 1000})

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from hindsight.testing import page_query, wait_for_detail
 from timelines.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,16 +99,6 @@ def _table_ids(page) -> list[int]:
                                      "rows => rows.map(r => Number(r.dataset.event))")
 
 
-def _query(page) -> dict[str, list[str]]:
-    return parse_qs(urlsplit(page.url).query)
-
-
-def _detail_shows(page, event_id: int) -> None:
-    page.wait_for_function(
-        f"!document.getElementById('detail').hidden && "
-        f"document.getElementById('detail-title').textContent === 'Event {event_id}'")
-
-
 def _highlight_at(page) -> str | None:
     """Where the selection line is drawn on the plot (its x, as plotly holds it)."""
     return page.evaluate("""() => {
@@ -158,7 +148,7 @@ def _drag_window(page, start: datetime, end: datetime) -> None:
 
 
 def _window(page) -> tuple[datetime, datetime]:
-    query = _query(page)
+    query = page_query(page)
     return _time(query["since"][0]), _time(query["until"][0])
 
 
@@ -177,8 +167,8 @@ def test_the_filter_form_filters_the_gantt_and_the_table(open_page, owner, incid
 
     assert _table_ids(page) == expected
     assert f"{len(expected)} events on" in page.text_content("#gantt-status")
-    assert _query(page)["resource"] == ["clusterroles"]
-    assert "since" not in _query(page)  # empty inputs stay out of the URL
+    assert page_query(page)["resource"] == ["clusterroles"]
+    assert "since" not in page_query(page)  # empty inputs stay out of the URL
     for link in ("#export-csv", "#export-json"):
         assert "resource=clusterroles" in page.get_attribute(link, "href")
 
@@ -211,13 +201,13 @@ def test_dragging_across_the_gantt_sets_the_window(open_page, owner, incident, f
     assert f"{len(inside)} events on" in page.text_content("#gantt-status")
     shown = page.evaluate("document.getElementById('gantt').layout.xaxis.range")
     assert _same_instant(shown[0], since) and _same_instant(shown[1], until)
-    assert page.input_value("#filters input[name=since]") == _query(page)["since"][0]
+    assert page.input_value("#filters input[name=since]") == page_query(page)["since"][0]
     assert "since=" in page.get_attribute("#export-json", "href")
 
     before = _draws(page)
     page.click("#window-reset")
     _drawn(page, before + 1)
-    assert "since" not in _query(page) and "until" not in _query(page)
+    assert "since" not in page_query(page) and "until" not in page_query(page)
     page.wait_for_function(f"document.querySelectorAll('#events-table tr[data-event]').length"
                            f" === {len(falco)}")
 
@@ -226,7 +216,7 @@ def test_dragging_across_the_gantt_sets_the_window(open_page, owner, incident, f
     before = _draws(page)
     page.mouse.dblclick(area["x"] + 2, area["y"] + 2)  # a double click resets it too
     _drawn(page, before + 1)
-    assert "since" not in _query(page) and "until" not in _query(page)
+    assert "since" not in page_query(page) and "until" not in page_query(page)
 
 
 # --- selecting events ---------------------------------------------------------------------------
@@ -241,9 +231,9 @@ def test_clicking_a_bar_opens_the_event_in_the_page(open_page, owner, incident, 
     page.mouse.move(point["x"], point["y"])
     page.mouse.click(point["x"], point["y"])
 
-    _detail_shows(page, target["id"])
+    wait_for_detail(page, target["id"])
     assert len(page.context.pages) == pages_before  # no new window
-    assert _query(page)["event"] == [str(target["id"])]
+    assert page_query(page)["event"] == [str(target["id"])]
     assert page.text_content("#detail-fields dd[data-field=audit_id]") == target["audit_id"]
     assert page.text_content("#detail-fields dd[data-field=verb]") == "create"
     raw = json.loads(page.text_content("#detail-body"))
@@ -261,13 +251,13 @@ def test_j_and_k_step_through_the_filtered_events(open_page, owner, incident, fa
     _drawn(page)
 
     page.keyboard.press("j")
-    _detail_shows(page, pods[0]["id"])
+    wait_for_detail(page, pods[0]["id"])
     page.keyboard.press("j")
-    _detail_shows(page, pods[1]["id"])
+    wait_for_detail(page, pods[1]["id"])
     page.keyboard.press("ArrowDown")
-    _detail_shows(page, pods[2]["id"])
+    wait_for_detail(page, pods[2]["id"])
     page.keyboard.press("k")
-    _detail_shows(page, pods[1]["id"])
+    wait_for_detail(page, pods[1]["id"])
 
     page.wait_for_function(
         f"document.getElementById('gantt').dataset.selected === '{pods[1]['id']}'")
@@ -276,7 +266,7 @@ def test_j_and_k_step_through_the_filtered_events(open_page, owner, incident, fa
                               "class").endswith("selected")
     page.keyboard.press("Escape")
     page.wait_for_selector("#detail", state="hidden")
-    assert "event" not in _query(page)
+    assert "event" not in page_query(page)
 
 
 def test_stepping_past_the_window_pans_it(open_page, owner, incident, falco):
@@ -288,13 +278,13 @@ def test_stepping_past_the_window_pans_it(open_page, owner, incident, falco):
     since, until = _window(page)
     inside = [r for r in roles if since <= r["received"] <= until]
     outside = next(r for r in roles if r["received"] > until)
-    old_since = _query(page)["since"][0]
+    old_since = page_query(page)["since"][0]
 
     for request in inside:
         page.keyboard.press("j")
-        _detail_shows(page, request["id"])
+        wait_for_detail(page, request["id"])
     page.keyboard.press("j")
-    _detail_shows(page, outside["id"])
+    wait_for_detail(page, outside["id"])
 
     page.wait_for_function("(old) => new URLSearchParams(location.search).get('since') !== old",
                            arg=old_since)
@@ -312,18 +302,18 @@ def test_find_next_selects_the_next_match_in_time_order(open_page, owner, incide
 
     page.fill("#find", "Reader-Binding")
     page.press("#find", "Enter")
-    _detail_shows(page, matches[0]["id"])
+    wait_for_detail(page, matches[0]["id"])
     page.press("#find", "Enter")
-    _detail_shows(page, matches[1]["id"])
+    wait_for_detail(page, matches[1]["id"])
     page.click("#find-next")
-    _detail_shows(page, matches[2]["id"])
+    wait_for_detail(page, matches[2]["id"])
     page.press("#find", "Shift+Enter")
-    _detail_shows(page, matches[1]["id"])
+    wait_for_detail(page, matches[1]["id"])
     for _ in matches[1:]:  # to the last match, and once more
         page.press("#find", "Enter")
     page.wait_for_function("document.getElementById('view-status').textContent"
                            ".includes('No further event')")
-    _detail_shows(page, matches[-1]["id"])
+    wait_for_detail(page, matches[-1]["id"])
 
 
 # --- object versions ------------------------------------------------------------------------------
@@ -335,7 +325,7 @@ def test_two_versions_of_an_object_diff_in_the_panel(open_page, owner, incident,
     versions = [r["id"] for r in falco if r["resource"] == "clusterroles"
                 and r["name"] == "some-reader"]
     page = open_page(owner, f"/incidents/{incident.pk}/?event={widened['id']}")
-    _detail_shows(page, widened["id"])
+    wait_for_detail(page, widened["id"])
 
     page.wait_for_selector("#versions-table tbody tr")
     assert page.eval_on_selector_all("#versions-table tbody tr",
@@ -378,7 +368,7 @@ def test_a_copied_link_restores_the_view_in_a_fresh_browser(open_page, owner, te
     chosen = rbac[first + 1]  # j: the first in the window, j: the next in the filters
     page.keyboard.press("j")
     page.keyboard.press("j")
-    _detail_shows(page, chosen["id"])
+    wait_for_detail(page, chosen["id"])
     page.click("#copy-link")
     page.wait_for_function("document.getElementById('view-status').textContent.includes('link')"
                            " || document.getElementById('view-status').textContent"
@@ -390,9 +380,9 @@ def test_a_copied_link_restores_the_view_in_a_fresh_browser(open_page, owner, te
 
     again = open_page(teammate, link[link.index("/incidents/"):])
     _drawn(again)
-    _detail_shows(again, chosen["id"])
+    wait_for_detail(again, chosen["id"])
 
-    assert _query(again) == _query(page)
+    assert page_query(again) == page_query(page)
     assert again.eval_on_selector_all("#filters input[name=resource]",
                                       "inputs => inputs.map(i => i.value)") == [
         "clusterroles", "clusterrolebindings"]
@@ -448,7 +438,7 @@ def test_a_large_incident_draws_a_heatmap_until_a_window_is_narrow(open_page, ow
     assert "20050 events: counts per lane" in page.text_content("#gantt-status")
     page.keyboard.press("j")  # stepping works without bars: the line marks the time
     first = Event.objects.filter(incident=incident).order_by("received", "id").first()
-    _detail_shows(page, first.pk)
+    wait_for_detail(page, first.pk)
     assert _same_instant(_highlight_at(page), start)
 
     _drag_window(page, start + timedelta(minutes=20), start + timedelta(minutes=24))

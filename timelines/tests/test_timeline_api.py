@@ -59,17 +59,6 @@ def evidence(incident, ingest_file, fixtures_dir, demo_log) -> list[dict]:
     return raw
 
 
-@pytest.fixture
-def api(client, owner, token_for):
-    key = token_for(owner)
-
-    def get(url, params=None, key=key):
-        headers = {"Authorization": f"Token {key}"} if key else {}
-        return client.get(url, params or {}, headers=headers)
-
-    return get
-
-
 def _found(api, incident, params) -> list[Event]:
     answer = api(EVENTS_URL.format(incident.pk), {**params, "page_size": 1000})
     assert answer.status_code == 200, answer.content

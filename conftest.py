@@ -176,6 +176,7 @@ def ingest_file():
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(settings, tmp_path):
     settings.UPLOAD_DIR = tmp_path / "uploads"
+    settings.COLUMNS_DIR = tmp_path / "columns"
 
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by scripts/browser.sh

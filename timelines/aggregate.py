@@ -177,12 +177,14 @@ def data_version(incident_id: int) -> str | None:
     return f"{state['finished']}.{latest}"
 
 
-def figure_cache_key(incident_id: int, group: str,
-                     query: Iterable[tuple[str, list[str]]]) -> str | None:
+def figure_cache_key(incident_id: int, group: str, query: Iterable[tuple[str, list[str]]], *,
+                     version: str | None | bool = False) -> str | None:
     """The cache key of an incident's figure for a lanes grouping and the other query
-    parameters (name, values): it names the incident's data version, so a finished upload
-    makes a new key and old entries just expire. None while the evidence is changing."""
-    version = data_version(incident_id)
+    parameters (name, values): it names the incident's data version (``data_version``, read
+    here unless the caller passes it), so a finished upload makes a new key and old entries
+    just expire. None while the evidence is changing."""
+    if version is False:
+        version = data_version(incident_id)
     if version is None:
         return None
     normal = sorted((name, sorted(values)) for name, values in query)

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db import transaction
 from django.db.models.signals import pre_delete
 
 
@@ -8,11 +9,14 @@ class TimelinesConfig(AppConfig):
     def ready(self) -> None:
         from incidents.models import Incident
 
+        from . import columns
         from .ingest import delete_incident_events
 
         def delete_evidence(sender, instance, **kwargs) -> None:
             # The event table has no cascading foreign key (ingest speed): delete in bulk here.
             delete_incident_events(instance)
+            pk = instance.pk
+            transaction.on_commit(lambda: columns.discard(pk))
 
         pre_delete.connect(delete_evidence, sender=Incident, weak=False,
                            dispatch_uid="timelines.delete_evidence")

@@ -20,7 +20,7 @@ from django.http import QueryDict
 
 from incidents.models import Incident
 
-from . import aggregate
+from . import aggregate, columns
 from .figures import MAX_SPANS, Span, build_gantt_figure, build_heatmap_figure, clock_time
 from .filters import EventFilterSet
 from .models import Event
@@ -52,17 +52,27 @@ def figure_json(incident: Incident, params: QueryDict, *, group: str = "object",
     if not filterset.is_valid():
         raise BadQuery(filterset.errors)
     queryset = filterset.qs.order_by("received", "id")
+    query = [(name, values) for name, values in params.lists() if name not in VIEW_PARAMS]
+    version = aggregate.data_version(incident.pk)
     # A heatmap has no colours: its key leaves colour out.
-    key = aggregate.figure_cache_key(incident.pk, group, [
-        (name, values) for name, values in params.lists() if name not in VIEW_PARAMS])
+    key = aggregate.figure_cache_key(incident.pk, group, query, version=version)
     body = cache.get(key) if key is not None else None
     if body is not None:
         return body
     since = filterset.form.cleaned_data.get("since")
     until = filterset.form.cleaned_data.get("until")
-    if aggregate.more_than(queryset, MAX_SPANS):
+    index = columns.load(incident.pk, version) if version is not None else None
+    if index is not None and index.serves({n: v for n, v in query if any(v)}):
+        window = index.select({n: filterset.form.cleaned_data.get(n) for n, _ in query
+                               if n in columns.FILTER_COLUMNS}, since, until)
+        large = window.count > MAX_SPANS
+        counts = index.lane_counts(window, group, since=since, until=until) if large else None
+    else:
+        large = aggregate.more_than(queryset, MAX_SPANS)
         counts = aggregate.lane_counts(queryset, group, since=since, until=until,
-                                       requests_only=aggregate.requests_only(incident.pk))
+                                       requests_only=aggregate.requests_only(incident.pk),
+                                       ) if large else None
+    if large:
         body = orjson.dumps(build_heatmap_figure(counts) if counts else build_gantt_figure([]))
         if key is not None:
             cache.set(key, body, FIGURE_CACHE_SECONDS)
@@ -73,16 +83,26 @@ def figure_json(incident: Incident, params: QueryDict, *, group: str = "object",
                                            window_start=since, window_end=until))
 
 
-def warm_overview(incident_id: int) -> int:
-    """Count and cache the unfiltered heatmaps of an incident (``OVERVIEW_LANES``) so that the
-    first page view after an ingest is served from the cache. Does nothing while an upload of
-    the incident is still running or waiting (the last one to finish warms), for a small
-    incident (its Gantt is quick and not cached) or for an incident deleted meanwhile.
-    Returns how many views it counted."""
+def warm_overview(incident_id: int, *, cache_figures: bool = True) -> int:
+    """Prepare a large incident's figures once its uploads have finished: build its column
+    index (``timelines.columns``: any later heatmap, filtered or not, is counted from it in
+    milliseconds) and, with ``cache_figures``, count and cache the unfiltered heatmaps
+    (``OVERVIEW_LANES``) so that the first page view is served from the cache. Does nothing
+    while an upload of the incident is still running or waiting (the last one to finish warms),
+    for a small incident (its Gantt is quick and not cached) or for an incident deleted
+    meanwhile. Returns how many views it counted."""
     incident = Incident.objects.filter(pk=incident_id).first()
     if incident is None or incident.uploads.filter(finished_at=None).exists():
         return 0
     if not aggregate.more_than(Event.objects.filter(incident=incident), MAX_SPANS):
+        return 0
+    version = aggregate.data_version(incident_id)
+    if version is not None:
+        try:
+            columns.build(incident_id, version)
+        except columns.UnusualValues as exc:  # the database keeps counting: slower, same answer
+            log.warning("no column index: %s", exc)
+    if not cache_figures:
         return 0
     for group in OVERVIEW_LANES:
         figure_json(incident, QueryDict(), group=group)

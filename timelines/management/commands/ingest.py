@@ -88,8 +88,9 @@ class Command(BaseCommand):
                 if self.stderr.isatty():
                     self.stderr.write("\r\033[K", ending="", style_func=str)
                 self._report(Upload.objects.get(pk=upload_id), options["json"])
-        if shared_cache():
-            warm_overview(incident.pk)  # for the web processes, which share the cache
+        # The column index is on disk, which the web processes share; the overview figures
+        # only when they share this process's cache too.
+        warm_overview(incident.pk, cache_figures=shared_cache())
         top = list(Upload.objects.filter(pk__in=[u.pk for u in uploads]).order_by("pk"))
         # One entry per file: a bundle's files stand for the bundle.
         entries = []

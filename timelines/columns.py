@@ -1,0 +1,331 @@
+"""The column index: an incident's filterable fields as arrays on disk, so that any heatmap of a
+large incident is counted in milliseconds instead of by a database pass over every event.
+
+Counting a million events in PostgreSQL takes 0.4–1 s whatever the index (bench/README.md,
+Figure benchmark): the figure cache hides that for views seen before, not for the first view of
+a new filter. Here each event is one entry of a few arrays: ``received`` as int64 microseconds
+and, per filterable field, an int32 code into that field's distinct values (dictionary
+encoding), plus a code per lane grouping. A filtered heatmap is then a boolean mask and one
+``bincount`` (about 20 ms for 1M events on this machine), with exactly the answer of the
+database's ``GROUP BY`` (tests compare them).
+
+An index is built after an ingest, from the database, for incidents of more than ``MAX_SPANS``
+events (smaller ones are drawn as a Gantt, which never needs it), under the incident's data
+version: ``COLUMNS_DIR/<incident>/<version digest>/`` (``HINDSIGHT_COLUMNS_DIR``, by default
+``<HINDSIGHT_DATA_DIR>/columns``), one ``.npy`` file per
+array and ``meta.json`` for the dictionaries. Web processes map the files (``mmap``): the
+operating system's page cache holds one copy for all of them, and the web and worker
+containers share the data volume (docker-compose.yml). A new upload makes a new version; older
+versions are removed once the new one is in place, and an incident's deletion removes them all.
+Without an index (not built yet, an upload running, a filter it does not hold such as the free
+text ``q``) the database counts, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+from django.conf import settings
+from django.db import connection
+
+from .figures import HEATMAP_BINS, OTHER_LANES, Bins, LaneCounts
+
+log = logging.getLogger(__name__)
+
+# Filter parameter (timelines.filters.EventFilterSet) → column. Every "any of these values"
+# filter on a plain text or integer column; not ``group`` (a list per event), ``audit_id``
+# (unique per request: its dictionary would be as big as the events) or the free text ``q``.
+FILTER_COLUMNS = {
+    "kind": "kind", "resource": "resource", "subresource": "subresource", "name": "name",
+    "namespace": "namespace", "user": "username", "impersonated_user": "impersonated_user",
+    "verb": "verb", "code": "code", "source_ip": "source_ip", "user_agent": "user_agent",
+    "api_group": "api_group", "level": "level", "stage": "stage", "source": "source",
+    "reason": "reason", "severity": "severity", "component": "component", "node": "node",
+}
+WINDOW_PARAMS = ("since", "until")
+LANE_GROUPS = ("object", "actor", "user_agent", "source")
+_FIELDS = tuple(dict.fromkeys(FILTER_COLUMNS.values()))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_FETCH_ROWS = 50_000
+_SEPARATOR = "\x1f"  # joins a row's fields into its signature
+_FORMAT = 1  # of the files; a change makes older indexes unreadable, so they are rebuilt
+_LOADED_MAX = 4  # indexes kept open per process
+
+
+def root() -> Path:
+    return Path(settings.COLUMNS_DIR)
+
+
+def version_dir(incident_id: int, version: str) -> Path:
+    digest = hashlib.sha256(f"{_FORMAT}:{version}".encode()).hexdigest()[:24]
+    return root() / str(incident_id) / digest
+
+
+def microseconds(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def _rows(incident_id: int):
+    """Chunks of (received µs, signature) rows of the incident's events, in no particular order;
+    a signature is the row's ``_FIELDS`` joined by ``_SEPARATOR`` (a code of None is "")."""
+    if connection.vendor == "postgresql":
+        fields = ", ".join("coalesce(code::text, '')" if f == "code" else f for f in _FIELDS)
+        sql = (f"SELECT (extract(epoch FROM received) * 1000000)::bigint,"
+               f" concat_ws(%s, {fields}) FROM timelines_event WHERE incident_id = %s")
+        # A named (server-side) cursor: a million rows are not held in memory at once.
+        with connection.chunked_cursor() as cursor:
+            cursor.execute(sql, [_SEPARATOR, incident_id])
+            while rows := cursor.fetchmany(_FETCH_ROWS):
+                yield rows
+        return
+    from .models import Event
+
+    rows = Event.objects.filter(incident_id=incident_id).order_by().values_list(
+        "received", *_FIELDS).iterator(chunk_size=_FETCH_ROWS)
+    chunk = []
+    for received, *values in rows:
+        signature = _SEPARATOR.join("" if v is None else str(v) for v in values)
+        chunk.append((microseconds(received), signature))
+        if len(chunk) == _FETCH_ROWS:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _split(signature: str) -> dict | None:
+    """A signature's field values (code as int or None); None if a value held the separator."""
+    parts = signature.split(_SEPARATOR)
+    if len(parts) != len(_FIELDS):
+        return None
+    values = dict(zip(_FIELDS, parts, strict=True))
+    values["code"] = int(values["code"]) if values["code"] else None
+    return values
+
+
+class UnusualValues(ValueError):
+    """A field value holds the separator of signatures: no index for this incident."""
+
+
+def build(incident_id: int, version: str) -> Path:
+    """Write the column index of the incident's events as they are at ``version`` (the caller
+    knows no upload is running, see ``aggregate.data_version``) and remove older versions.
+    Returns its folder. Raises ``UnusualValues`` (nothing written) if a value holds the
+    separator character. Memory: one chunk of rows, the distinct signatures and 12 bytes per
+    event."""
+    final = version_dir(incident_id, version)
+    if (final / "meta.json").exists():
+        return final
+    # Rows share most of their fields (the same user, agent and verb on the same objects), so
+    # each distinct combination is a "signature", decoded once; a row holds only its time and
+    # its signature's number, and filters are tested on the signatures, not on every row.
+    signatures: dict[str, int] = {}
+    received: list[np.ndarray] = []
+    coded: list[np.ndarray] = []
+    for chunk in _rows(incident_id):
+        times, keys = zip(*chunk, strict=True)
+        received.append(np.fromiter(times, dtype=np.int64, count=len(chunk)))
+        coded.append(np.fromiter((signatures.setdefault(k, len(signatures)) for k in keys),
+                                 dtype=np.int32, count=len(chunk)))
+    table = []
+    for signature in signatures:
+        values = _split(signature)
+        if values is None:
+            raise UnusualValues(f"incident {incident_id}: a value holds U+001F")
+        table.append(values)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+    try:
+        times = np.concatenate(received) if received else np.empty(0, dtype=np.int64)
+        np.save(work / "received.npy", times)
+        np.save(work / "signature.npy",
+                np.concatenate(coded) if coded else np.empty(0, dtype=np.int32))
+        meta = {"format": _FORMAT, "incident": incident_id, "version": version,
+                "events": int(times.size), "values": {}, "lanes": {}}
+        for field in _FIELDS:
+            values, codes = _encode([row[field] for row in table])
+            meta["values"][field] = values
+            np.save(work / f"field-{field}.npy", codes)
+        for group in LANE_GROUPS:
+            values, codes = _encode([_lane(group, row) for row in table])
+            meta["lanes"][group] = values
+            np.save(work / f"lane-{group}.npy", codes)
+        (work / "meta.json").write_text(json.dumps(meta))
+        try:
+            work.rename(final)
+        except OSError:  # another process built the same version first: keep theirs
+            if not (final / "meta.json").exists():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for other in final.parent.iterdir():
+        if other != final and not other.name.startswith(".build-"):
+            shutil.rmtree(other, ignore_errors=True)
+    log.info("column index of incident %s: %s events, %s signatures", incident_id,
+             meta["events"], len(table))
+    return final
+
+
+def _encode(values: list) -> tuple[list, np.ndarray]:
+    """(distinct values in order of first appearance, each value's code)."""
+    codes: dict = {}
+    array = np.fromiter((codes.setdefault(v, len(codes)) for v in values), dtype=np.int32,
+                        count=len(values))
+    return list(codes), array
+
+
+def _lane(group: str, row: dict) -> str:
+    """The lane of a signature's events (as ``figures.lane_of``)."""
+    if group == "actor":
+        return row["username"] or f"({row['kind']})"
+    if group == "user_agent":
+        return row["user_agent"] or "(none)"
+    if group == "source":
+        return row["source"] or "(none)"
+    return "/".join(p for p in (row["resource"] or f"({row['kind']})", row["namespace"],
+                                row["name"]) if p)
+
+
+def discard(incident_id: int) -> None:
+    """Remove every column index of the incident (it is being deleted)."""
+    shutil.rmtree(root() / str(incident_id), ignore_errors=True)
+    with _lock:
+        for key in [k for k in _loaded if k[0] == incident_id]:
+            del _loaded[key]
+
+
+@dataclass
+class Window:
+    """What a query selects, in the index's terms: a mask over the events (None: all)."""
+
+    mask: np.ndarray | None
+    count: int
+
+
+class ColumnIndex:
+    """An incident's column index at one data version, mapped from its files."""
+
+    def __init__(self, folder: Path) -> None:
+        meta = json.loads((folder / "meta.json").read_text())
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"format {meta.get('format')}, expected {_FORMAT}")
+        self.events: int = meta["events"]
+        self.received = np.load(folder / "received.npy", mmap_mode="r")
+        self.signature = np.load(folder / "signature.npy", mmap_mode="r")
+        # per signature: the code of each field's value, and its lane in each grouping
+        self._fields = {f: np.load(folder / f"field-{f}.npy") for f in _FIELDS}
+        self._lanes = {g: np.load(folder / f"lane-{g}.npy") for g in LANE_GROUPS}
+        self._codes = {field: {v: i for i, v in enumerate(values)}
+                       for field, values in meta["values"].items()}
+        self._lane_names: dict[str, list[str]] = meta["lanes"]
+
+    @staticmethod
+    def serves(params: Mapping[str, list[str]]) -> bool:
+        """Whether every filter of the query (name → values) is one this index holds."""
+        return all(name in FILTER_COLUMNS or name in WINDOW_PARAMS for name in params)
+
+    def select(self, filters: Mapping[str, list], since: datetime | None,
+               until: datetime | None) -> Window:
+        """The events matching ``filters`` (parameter → cleaned values, as EventFilterSet's
+        form gives them: a repeated value ORs, parameters AND) received within the window."""
+        signatures: np.ndarray | None = None  # which signatures match
+        for name, values in filters.items():
+            if not values:
+                continue
+            field = FILTER_COLUMNS[name]
+            known = self._codes[field]
+            match = np.isin(self._fields[field], [known[v] for v in values if v in known])
+            signatures = match if signatures is None else (signatures & match)
+        mask = None if signatures is None else signatures[self.signature]
+        for condition in ((self.received >= microseconds(since)) if since else None,
+                          (self.received <= microseconds(until)) if until else None):
+            if condition is not None:
+                mask = condition if mask is None else (mask & condition)
+        count = self.events if mask is None else int(np.count_nonzero(mask))
+        return Window(mask, count)
+
+    def lane_counts(self, window: Window, group: str, *, since: datetime | None = None,
+                    until: datetime | None = None, bins: int = HEATMAP_BINS,
+                    max_lanes: int | None = None) -> LaneCounts | None:
+        """``aggregate.lane_counts`` of the selected events: the same bins, lanes, ranking and
+        folding (most active first, ties by name; the rest summed into ``OTHER_LANES``).
+        ``max_lanes`` defaults to ``aggregate.HEATMAP_LANES``."""
+        if window.count == 0:
+            return None
+        if max_lanes is None:
+            from . import aggregate  # its limit, read now: the same as the database's counts
+
+            max_lanes = aggregate.HEATMAP_LANES
+        received, signature = self.received, self.signature
+        if window.mask is not None:
+            received, signature = received[window.mask], signature[window.mask]
+        first_us, last_us = int(received.min()), int(received.max())
+        first = _EPOCH + timedelta(microseconds=first_us)
+        last = _EPOCH + timedelta(microseconds=last_us)
+        edges = Bins.spanning(min(since or first, first), max(until or last, last), bins)
+        columns = (received - microseconds(edges.start)) // (edges.width // _MICROSECOND)
+        names = self._lane_names[group]
+        lanes = self._lanes[group].astype(np.int64)[signature]
+        cells = np.bincount(lanes * edges.count + columns,
+                            minlength=len(names) * edges.count).reshape(len(names), edges.count)
+        totals = cells.sum(axis=1)
+        ranked = sorted(np.flatnonzero(totals).tolist(),
+                        key=lambda lane: (-int(totals[lane]), names[lane]))
+        shown, rest = ranked[:max_lanes], ranked[max_lanes:]
+        z = [cells[lane].tolist() for lane in shown]
+        if rest:
+            z.append(cells[rest].sum(axis=0).tolist())
+        return LaneCounts(edges, [names[lane] for lane in shown] + ([OTHER_LANES] if rest else []),
+                          z, window.count, len(ranked), len(rest), first, last)
+
+
+_loaded: OrderedDict[tuple[int, str], ColumnIndex] = OrderedDict()
+_lock = threading.Lock()
+
+
+def load(incident_id: int, version: str) -> ColumnIndex | None:
+    """The incident's column index at ``version`` if it has been built, else None."""
+    key = (incident_id, version)
+    with _lock:
+        index = _loaded.get(key)
+        if index is not None:
+            _loaded.move_to_end(key)
+            return index
+    folder = version_dir(incident_id, version)
+    if not (folder / "meta.json").exists():
+        return None
+    try:
+        index = ColumnIndex(folder)
+    except (OSError, ValueError) as exc:  # removed meanwhile by a newer version, or damaged
+        log.warning("column index %s unreadable: %s", folder, exc)
+        return None
+    with _lock:
+        _loaded[key] = index
+        while len(_loaded) > _LOADED_MAX:
+            _loaded.popitem(last=False)
+    return index
+
+
+def forget() -> None:
+    """Close every index this process has open (they are mapped again on the next use)."""
+    with _lock:
+        _loaded.clear()
+
+
+def size_on_disk(incident_id: int) -> int:
+    """Bytes of the incident's column indexes (for the benchmark and the docs)."""
+    folder = root() / str(incident_id)
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
+

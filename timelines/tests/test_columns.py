@@ -1,0 +1,215 @@
+"""The column index (timelines/columns.py): the same heatmap counts as the database for every
+filter it holds, used by the figure endpoint once built, never when stale or not applicable."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from urllib.parse import urlencode
+
+import pytest
+from django.core.cache import cache
+from django.http import QueryDict
+from django.utils import timezone
+
+from incidents.models import Incident, Upload
+from timelines import aggregate, columns
+from timelines.filters import EventFilterSet
+from timelines.models import Event
+from timelines.queries import warm_overview
+
+from .test_figure_api import T0, _python_counts, _row, _store, _synthetic_rows
+
+pytestmark = pytest.mark.django_db
+
+# Queries as the page sends them (repeated parameters OR, different ones AND), each meant to
+# select something different: most filters the index holds, values it has never seen, windows.
+QUERIES = [
+    "",
+    "user=alice",
+    "user=alice&user=bob&verb=get",
+    "verb=list&verb=watch&code=200",
+    "resource=pods",
+    "resource=pods&namespace=shop",
+    "resource=pods&namespace=",  # an empty value is no filter
+    "name=obj-1&name=x",
+    "kind=event",
+    "kind=log&component=kubelet",
+    "reason=BackOff",
+    "user_agent=helm&source=node-2.log",
+    "user=nobody",  # a value that no event has
+    "user=alice&user=nobody",
+    "code=404",
+    "since=2024-03-01T12:02:00Z",
+    "until=2024-03-01T12:05:00.000001Z",
+    "since=2024-03-01T12:01:40Z&until=2024-03-01T12:01:40.5Z&resource=leases",
+    "since=2024-03-01T11:00:00Z&until=2024-03-01T13:00:00Z&verb=delete",  # window beyond the data
+]
+
+
+def _database_counts(incident, query: str, group: str):
+    """What the figure counted before the index existed: the database's GROUP BY."""
+    filterset = EventFilterSet(QueryDict(query), queryset=Event.objects.filter(incident=incident))
+    assert filterset.is_valid(), filterset.errors
+    data = filterset.form.cleaned_data
+    return filterset.qs.count(), aggregate.lane_counts(
+        filterset.qs, group, since=data.get("since"), until=data.get("until"))
+
+
+def _index_counts(index, query: str, group: str):
+    params = QueryDict(query)
+    form = EventFilterSet(params, queryset=Event.objects.none()).form
+    assert form.is_valid(), form.errors
+    data = form.cleaned_data
+    window = index.select({n: data.get(n) for n in params if n in columns.FILTER_COLUMNS},
+                          data.get("since"), data.get("until"))
+    return window.count, index.lane_counts(window, group, since=data.get("since"),
+                                           until=data.get("until"))
+
+
+@pytest.fixture
+def indexed(incident):
+    """An incident of mixed evidence (requests, Events, log lines, ties, lanes whose parts
+    differ but whose names are the same) with its column index built."""
+    _store(incident, _synthetic_rows())
+    version = aggregate.data_version(incident.pk)
+    columns.build(incident.pk, version)
+    return incident, columns.load(incident.pk, version)
+
+
+@pytest.mark.parametrize("group", ["object", "actor", "user_agent", "source"])
+def test_the_index_counts_what_the_database_counts(indexed, group):
+    incident, index = indexed
+    assert index is not None and index.events == Event.objects.filter(incident=incident).count()
+    selected = set()
+    for query in QUERIES:
+        expected = _database_counts(incident, query, group)
+        assert _index_counts(index, query, group) == expected, query
+        selected.add(expected[0])
+    assert len(selected) >= len(QUERIES) - 4  # the queries do select different events
+
+
+def test_folding_follows_the_lane_limit_of_the_database(indexed, monkeypatch):
+    incident, index = indexed
+    monkeypatch.setattr("timelines.aggregate.HEATMAP_LANES", 6)
+    counts = _index_counts(index, "", "object")[1]
+    assert counts == _python_counts(Event.objects.filter(incident=incident), "object",
+                                    max_lanes=6)
+    assert len(counts.lanes) == 7 and counts.folded == counts.distinct_lanes - 6
+
+
+def test_the_figure_comes_from_the_index_once_built(client, owner, incident, monkeypatch):
+    _store(incident, _synthetic_rows())
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    client.force_login(owner)
+    url = f"/api/v1/incidents/{incident.pk}/figure/"
+    queries = ["lanes=actor&verb=get&verb=list", "lanes=object&kind=event",
+               "lanes=source&since=2024-03-01T12:03:00Z", "lanes=object&name=obj-1"]
+    by_database = [client.get(f"{url}?{q}").content for q in queries]
+    assert [json.loads(b)["meta"]["mode"] for b in by_database] == ["heatmap"] * 4
+
+    assert warm_overview(incident.pk) == 2
+    cache.clear()
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the database was asked to count")
+
+    monkeypatch.setattr(aggregate, "lane_counts", fail)
+    monkeypatch.setattr(aggregate, "more_than", fail)
+    assert [client.get(f"{url}?{q}").content for q in queries] == by_database
+
+
+def test_free_text_and_unknown_filters_are_left_to_the_database(client, owner, incident,
+                                                                monkeypatch):
+    _store(incident, _synthetic_rows())
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    warm_overview(incident.pk)
+    selects = []
+    select = columns.ColumnIndex.select
+    monkeypatch.setattr(columns.ColumnIndex, "select",
+                        lambda *a, **k: selects.append(1) or select(*a, **k))
+    client.force_login(owner)
+    url = f"/api/v1/incidents/{incident.pk}/figure/"
+
+    text = json.loads(client.get(url, {"q": "healthz"}).content)
+    group = json.loads(client.get(url, {"group": "system:masters"}).content)
+
+    assert selects == []
+    assert text["meta"]["total"] == Event.objects.filter(
+        incident=incident, request_uri__icontains="healthz").count() > 100
+    assert group["meta"]["total"] == 0
+    json.loads(client.get(url, {"verb": "get", "q": ""}).content)  # an empty q is no filter
+    assert selects == [1]
+
+
+def test_a_new_upload_makes_a_new_index_and_the_old_one_goes(client, owner, incident,
+                                                            monkeypatch):
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)])
+    warm_overview(incident.pk)
+    first = aggregate.data_version(incident.pk)
+    assert columns.load(incident.pk, first) is not None
+
+    running = _store(incident, [_row(f"b{n}", 400 + n, resource="pods", name="b")
+                                for n in range(50)], finished=False)
+    client.force_login(owner)
+    url = f"/api/v1/incidents/{incident.pk}/figure/"
+    # while it runs: no version, so no index; the database counts all 350
+    assert json.loads(client.get(url).content)["meta"]["total"] == 350
+    Upload.objects.filter(pk=running.pk).update(status="done", finished_at=timezone.now())
+    second = aggregate.data_version(incident.pk)
+    assert columns.load(incident.pk, second) is None  # not built yet: the database counts
+    assert json.loads(client.get(url, {"name": "b"}).content)["meta"]["mode"] == "gantt"
+
+    warm_overview(incident.pk)
+    folders = list((columns.root() / str(incident.pk)).iterdir())
+    assert [f.name for f in folders] == [columns.version_dir(incident.pk, second).name]
+    assert columns.load(incident.pk, second).events == 350
+
+
+def test_deleting_the_incident_removes_its_index(incident, django_capture_on_commit_callbacks):
+    _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)])
+    folder = columns.build(incident.pk, aggregate.data_version(incident.pk))
+    assert folder.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        Incident.objects.filter(pk=incident.pk).delete()
+    assert not (columns.root() / str(incident.pk)).exists()
+
+
+def test_a_value_holding_the_separator_leaves_counting_to_the_database(client, owner,
+                                                                       incident, monkeypatch):
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    _store(incident, [_row(n, n, resource="pods", name="a\x1fb" if n == 7 else "a")
+                      for n in range(300)])
+    with pytest.raises(columns.UnusualValues):
+        columns.build(incident.pk, aggregate.data_version(incident.pk))
+    warm_overview(incident.pk)  # logs it, builds nothing, still caches the overview
+    assert not (columns.root() / str(incident.pk)).exists()
+    client.force_login(owner)
+    figure = json.loads(client.get(f"/api/v1/incidents/{incident.pk}/figure/").content)
+    assert figure["meta"]["total"] == 300 and "pods/a\x1fb" in figure["data"][0]["y"]
+
+
+def test_open_spans_and_microsecond_edges_count_like_the_database(incident):
+    edge = T0 + timedelta(seconds=5)
+    rows = [_row(n, n / 100, resource="pods", name=f"p{n % 3}") for n in range(900)]
+    rows += [_row("open", 5, resource="pods", name="p0", completed=None)]
+    _store(incident, rows)
+    version = aggregate.data_version(incident.pk)
+    columns.build(incident.pk, version)
+    index = columns.load(incident.pk, version)
+    query = urlencode({"since": edge.isoformat(),
+                       "until": (edge + timedelta(microseconds=1)).isoformat()})
+    assert _index_counts(index, query, "object") == _database_counts(incident, query, "object")
+    assert _index_counts(index, query, "object")[0] == 2  # n = 500 and the open one
+
+
+@pytest.mark.embedded
+def test_sqlite_builds_the_same_index(incident):
+    _store(incident, _synthetic_rows(count=800))
+    version = aggregate.data_version(incident.pk)
+    columns.build(incident.pk, version)
+    index = columns.load(incident.pk, version)
+    for query in ("", "user=alice&verb=get", "kind=event", "since=2024-03-01T12:02:00Z"):
+        for group in ("object", "actor"):
+            assert _index_counts(index, query, group) == _database_counts(incident, query, group)

@@ -1,4 +1,15 @@
 # Hindsight: one image for both the web (gunicorn) and the worker (celery) containers.
+
+# The incident page's plotly.js: a bundle of only the trace types it draws, built from the npm
+# versions pinned in assets/package-lock.json (scripts/assets.sh does the same outside Docker).
+# The image takes only the built file from this stage, not Node.js.
+FROM node:20-slim AS assets
+WORKDIR /assets
+COPY assets/package.json assets/package-lock.json ./
+RUN npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+COPY assets/plotly-timeline.js assets/build.js ./
+RUN node build.js
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -20,8 +31,10 @@ RUN useradd --create-home --uid 1000 hindsight \
  && mkdir -p /data \
  && chown hindsight:hindsight /data
 
-# The code stays owned by root, so the app user cannot change it.
+# The code stays owned by root, so the app user cannot change it. settings.py serves the
+# plotly.js bundle because it is there (collectstatic below collects it).
 COPY . .
+COPY --from=assets /assets/dist/plotly-timeline.min.js assets/dist/
 
 USER hindsight
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs the pinned requirements. Idempotent; quick when nothing changed.
+# Creates .venv, installs the pinned requirements and builds the plotly.js bundle
+# (scripts/assets.sh). Idempotent; quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -13,3 +14,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet -r requirements.txt
   echo "$want" > "$stamp"
 fi
+scripts/assets.sh  # the plotly.js bundle of the incident page

@@ -4,6 +4,7 @@ the embedded SQLite)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -331,8 +332,24 @@ def test_sqlite_counts_the_heatmap_in_python_without_truncating(client_of, owner
     assert figure["data"][0]["z"] == expected.z
 
 
-def test_plotly_js_is_served_by_us():
+def test_plotly_js_is_served_by_us(settings):
     from django.contrib.staticfiles import finders
 
-    path = finders.find("plotly/plotly.min.js")
-    assert path and path.endswith("plotly.min.js")
+    path = finders.find(settings.PLOTLY_JS)
+    assert path and os.path.getsize(path) > 1_000_000
+    assert finders.find("plotly/plotly.min.js")  # the fallback is always there
+
+
+def test_the_plotly_bundle_is_served_once_built(settings):
+    """scripts/assets.sh builds the bundle (scripts/test.sh always runs it); in CI it must have:
+    a build that silently did not happen would leave the page on the 4.8 MB plotly.min.js."""
+    from django.contrib.staticfiles import finders
+
+    bundle = settings.BASE_DIR / "assets" / "dist" / "plotly-timeline.min.js"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        assert bundle.is_file(), "scripts/assets.sh did not build the plotly.js bundle"
+    if bundle.is_file():
+        assert settings.PLOTLY_JS == "plotly/plotly-timeline.min.js"
+        assert finders.find(settings.PLOTLY_JS) == str(bundle)
+    else:
+        assert settings.PLOTLY_JS == "plotly/plotly.min.js"

@@ -9,6 +9,8 @@ import re
 from datetime import datetime
 
 import pytest
+from django.contrib.staticfiles import finders
+from django.templatetags.static import static
 
 pytestmark = pytest.mark.django_db
 
@@ -93,10 +95,19 @@ def test_the_table_scrolls_inside_its_own_box(page):
     assert re.search(r'<div class="scroll-x">\s*<table class="grid events">', text)
 
 
-def test_the_page_loads_the_timeline_scripts_from_this_server(page):
+def test_the_page_loads_the_timeline_scripts_from_this_server(page, settings):
     text = page()
     scripts = re.findall(r'<script src="([^"]+)"', text)
     assert [s.rsplit("/", 1)[-1] for s in scripts[-3:]] == [
         "dom.js", "event-detail.js", "timeline.js"]
-    assert scripts[0].endswith("/plotly.min.js")  # first, async: compiles while figures load
+    # plotly.js first, async: it compiles while the first figure loads
+    assert scripts[0] == static(settings.PLOTLY_JS)
+    assert f'<script src="{scripts[0]}" id="plotly-js" async>' in text
+    assert finders.find(settings.PLOTLY_JS)
     assert all(s.startswith("/static/") for s in scripts)
+
+
+def test_without_the_bundle_the_page_loads_the_full_plotly_js(page, settings):
+    settings.PLOTLY_JS = "plotly/plotly.min.js"  # what settings.py chooses when it is not built
+    scripts = re.findall(r'<script src="([^"]+)"', page())
+    assert scripts[0] == static("plotly/plotly.min.js")

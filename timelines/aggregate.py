@@ -19,14 +19,24 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, Count, Func, Max, Min, Q, QuerySet
 
 from incidents.models import Upload
 
-from .figures import HEATMAP_BINS, HEATMAP_LANES, Bins, LaneCounts, Span, count_lanes, fold_lanes
+from .figures import (
+    HEATMAP_BINS,
+    HEATMAP_LANES,
+    Bins,
+    LaneCounts,
+    Span,
+    count_lanes,
+    fold_lanes,
+    microseconds,
+)
 
 # Per grouping: the SQL of the lane's parts for events that have the lane's own column, the
 # condition for those events, and the parts for the others (named after their kind, as
@@ -48,7 +58,6 @@ REQUEST_FORMATS = frozenset({"audit", "gke-audit", "eks-cloudwatch", "aks-diagno
                              "otlp-audit", "legacy-audit"})
 _SPAN_COLUMNS = ("kind", "received", "resource", "namespace", "name", "username", "user_agent",
                  "source")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _EpochMicroseconds(Func):
@@ -59,23 +68,32 @@ class _EpochMicroseconds(Func):
     output_field = BigIntegerField()
 
 
-def span_rows(queryset: QuerySet, fields: Sequence[str]) -> Iterator[tuple]:
-    """``queryset.values_list(*fields)``, faster for the Gantt's thousands of rows: on PostgreSQL
-    ``received`` and ``completed`` come as integers and become datetimes here (half the time
-    of fetching 20,000 rows went to parsing their text)."""
-    times = [f for f in fields if f in ("received", "completed")]
-    if connection.vendor != "postgresql" or not times:
-        yield from queryset.values_list(*fields)
-        return
-    names = {f: f"_{f}_us" for f in times}
-    rows = queryset.annotate(**{names[f]: _EpochMicroseconds(f) for f in times}).values_list(
-        *(names.get(f, f) for f in fields))
-    at = [i for i, f in enumerate(fields) if f in names]
+def span_rows(queryset: QuerySet, fields: Sequence[str]) -> Iterable[tuple]:
+    """``queryset.values_list(*fields)``, but ``received`` and ``completed`` as integer
+    microseconds since the epoch (what ``figures.Bar`` holds), and quick for the Gantt's
+    thousands of rows. On PostgreSQL the database turns the times into integers (psycopg parses
+    a timestamp's text several times slower than an integer's) and the rows come straight from
+    the cursor, without the ORM's work per row: 18,000 rows in 60 ms instead of 110."""
+    times = {f: f"_{f}_us" for f in fields if f in ("received", "completed")}
+    if connection.vendor != "postgresql":
+        return _rows_in_microseconds(queryset.values_list(*fields), [
+            i for i, f in enumerate(fields) if f in times])
+    rows = queryset.annotate(**{alias: _EpochMicroseconds(f) for f, alias in times.items()})
+    try:
+        sql, params = rows.values_list(*(times.get(f, f) for f in fields)).query.sql_with_params()
+    except EmptyResultSet:  # a filter that matches nothing by construction (queryset.none())
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _rows_in_microseconds(rows: Iterable[tuple], at: Sequence[int]) -> Iterator[tuple]:
     for row in rows:
         row = list(row)
         for i in at:
             if row[i] is not None:
-                row[i] = _EPOCH + timedelta(microseconds=row[i])
+                row[i] = microseconds(row[i])
         yield tuple(row)
 
 

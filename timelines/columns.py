@@ -32,14 +32,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 from django.conf import settings
 from django.db import connection
 
-from .figures import HEATMAP_BINS, OTHER_LANES, Bins, LaneCounts
+from .figures import EPOCH, HEATMAP_BINS, MICROSECOND, OTHER_LANES, Bins, LaneCounts, microseconds
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,6 @@ FILTER_COLUMNS = {
 WINDOW_PARAMS = ("since", "until")
 LANE_GROUPS = ("object", "actor", "user_agent", "source")
 _FIELDS = tuple(dict.fromkeys(FILTER_COLUMNS.values()))
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 _FETCH_ROWS = 50_000
 _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 _FORMAT = 1  # of the files; a change makes older indexes unreadable, so they are rebuilt
@@ -71,10 +69,6 @@ def root() -> Path:
 def version_dir(incident_id: int, version: str) -> Path:
     digest = hashlib.sha256(f"{_FORMAT}:{version}".encode()).hexdigest()[:24]
     return root() / str(incident_id) / digest
-
-
-def microseconds(moment: datetime) -> int:
-    return (moment - _EPOCH) // _MICROSECOND
 
 
 def _rows(incident_id: int):
@@ -272,10 +266,10 @@ class ColumnIndex:
         if window.mask is not None:
             received, signature = received[window.mask], signature[window.mask]
         first_us, last_us = int(received.min()), int(received.max())
-        first = _EPOCH + timedelta(microseconds=first_us)
-        last = _EPOCH + timedelta(microseconds=last_us)
+        first = EPOCH + timedelta(microseconds=first_us)
+        last = EPOCH + timedelta(microseconds=last_us)
         edges = Bins.spanning(min(since or first, first), max(until or last, last), bins)
-        columns = (received - microseconds(edges.start)) // (edges.width // _MICROSECOND)
+        columns = (received - microseconds(edges.start)) // (edges.width // MICROSECOND)
         names = self._lane_names[group]
         lanes = self._lanes[group].astype(np.int64)[signature]
         cells = np.bincount(lanes * edges.count + columns,

@@ -11,8 +11,8 @@
   "use strict";
   const {el, getJSON, shortTime} = window.Hindsight;
   const Detail = window.HindsightDetail;
-  // plotly.js loads async: compiling its 4.8 MB takes over a second, during which the first
-  // figure is already being fetched (and, when not cached, counted by the server)
+  // plotly.js loads async: compiling it (the 1.5 MB bundle of scripts/assets.sh) takes a few
+  // hundred milliseconds, during which the first figure is already being fetched
   let Plotly = window.Plotly;
   const plotlyTag = document.getElementById("plotly-js");
   const plotlyReady = Plotly ? Promise.resolve() : new Promise((resolve, reject) => {
@@ -110,6 +110,19 @@
     return null;
   }
 
+  // A bar is a segment of three points (start, end, gap) that carries its hover text once, on
+  // its start, to keep the answer small: its end point shows the same text (a short bar is
+  // two pixels wide, and the pointer is as often nearer its end).
+  function shareBarTexts(data) {
+    for (const trace of data || []) {
+      const {text, y} = trace;
+      if (trace.mode !== "lines" || !Array.isArray(text) || !Array.isArray(y)) continue;
+      for (let i = 1; i < text.length; i++) {
+        if (text[i] === null && y[i] !== null && y[i - 1] !== null) text[i] = text[i - 1];
+      }
+    }
+  }
+
   function highlightShapes(data) {
     if (!selected) return [];
     const t = toPlotly(selected.received);
@@ -153,6 +166,7 @@
     if (controller !== drawing) return;
     drawing = null;
     const meta = figure.meta || {};
+    shareBarTexts(figure.data);
     const layout = figure.layout || {};
     layout.xaxis = Object.assign({}, layout.xaxis);
     layout.yaxis = Object.assign({}, layout.yaxis, {fixedrange: true});  // a drag picks time only

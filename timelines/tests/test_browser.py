@@ -111,18 +111,20 @@ def _same_instant(plotly_time: str, expected: datetime) -> bool:
     return abs(_time(plotly_time.replace(" ", "T") + "Z") - expected) < timedelta(milliseconds=1)
 
 
-def _point(page, event_id: int) -> dict:
-    """Viewport coordinates of an event's bar start on the plot."""
-    return page.evaluate("""(id) => {
+def _point(page, event_id: int, *, end: bool = False) -> dict:
+    """Viewport coordinates of an event's bar start (or end) on the plot."""
+    return page.evaluate("""([id, end]) => {
         const gd = document.getElementById('gantt');
         gd.scrollIntoView({block: 'start'});
         const full = gd._fullLayout, box = gd.getBoundingClientRect();
         for (const trace of gd.data) {
-            const i = (trace.customdata || []).indexOf(id);
-            if (i >= 0) return {x: box.left + full._size.l + full.xaxis.d2p(trace.x[i]),
-                                y: box.top + full._size.t + full.yaxis.l2p(trace.y[i])};
+            const start = (trace.customdata || []).indexOf(id);
+            if (start < 0) continue;
+            const i = end ? start + 1 : start;  // a bar's points: start, end, gap
+            return {x: box.left + full._size.l + full.xaxis.d2p(trace.x[i]),
+                    y: box.top + full._size.t + full.yaxis.l2p(trace.y[i])};
         }
-        return null; }""", event_id)
+        return null; }""", [event_id, end])
 
 
 def _x_of(page, when: datetime) -> float:
@@ -243,6 +245,29 @@ def test_clicking_a_bar_opens_the_event_in_the_page(open_page, owner, incident, 
     assert "resource=configmaps" in history and "name=my-config" in history
     assert "source=create_configmap_no_sensitive_values.json" in page.get_attribute(
         "#link-source", "href")
+
+
+def test_a_bar_shows_its_hover_text_at_either_end(open_page, owner, incident, falco):
+    """The figure carries a bar's text once, on its start; the page shows it at the end too (a
+    short bar is two pixels wide: the pointer is as often nearer its end)."""
+    target = _by_file(falco, "create_configmap_no_sensitive_values.json")
+    page = open_page(owner, f"/incidents/{incident.pk}/?resource=configmaps&lanes=actor")
+    _drawn(page)
+    clock = target["received"].strftime("%H:%M:%S.%f")
+
+    shown = []
+    for end in (False, True):
+        point = _point(page, target["id"], end=end)
+        page.mouse.move(point["x"], point["y"])
+        page.wait_for_function("""(clock) => [...document.querySelectorAll(
+            '#gantt .hoverlayer .hovertext')].some(h => h.textContent.includes(clock))""",
+                               arg=clock)
+        shown.append(page.text_content("#gantt .hoverlayer .hovertext"))
+        page.mouse.move(5, 5)  # off the plot: the label goes
+        page.wait_for_selector("#gantt .hoverlayer .hovertext", state="detached")
+
+    assert shown[0] == shown[1]
+    assert shown[0].startswith(f"{clock} audit create ") and "configmaps" in shown[0]
 
 
 def test_j_and_k_step_through_the_filtered_events(open_page, owner, incident, falco):

@@ -3,6 +3,7 @@ the embedded SQLite)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -14,7 +15,7 @@ from django.utils import timezone
 from incidents.models import Upload
 from timelines import aggregate
 from timelines.columns import ColumnIndex
-from timelines.figures import OTHER_LANES, Bins, Span, count_lanes
+from timelines.figures import OTHER_LANES, Bins, Span, count_lanes, microseconds
 from timelines.ingest.store import write_rows
 from timelines.models import Event
 from timelines.parsers import Row
@@ -257,6 +258,70 @@ def test_object_lanes_show_lifespans_and_mutation_markers_that_open_the_event(
     assert markers["deleted"]["text"][0].startswith("delete by alice at 12:00:03")
 
 
+def _gantt_rows() -> list[Row]:
+    """Requests at odd microseconds, one that never completed and an Event with a reason."""
+    rows = [_row(n, n * 1.000037, resource="pods", namespace="shop", name=f"p{n % 3}",
+                 verb="get", code=200, username="alice") for n in range(20)]
+    rows.append(_row("watch", 7.5, completed=None, resource="pods", verb="watch",
+                     username="bob"))
+    rows.append(_row("backoff", 9.25, kind="event", resource="pods", namespace="shop",
+                     name="p1", verb="", code=None, reason="BackOff"))
+    return rows
+
+
+def _assert_each_bar_starts_at_its_event_and_names_it_once(figure, incident) -> None:
+    events = {e.pk: e for e in Event.objects.filter(incident=incident)}
+    drawn = set()
+    for trace in figure["data"]:
+        if trace["mode"] != "lines" or "customdata" not in trace:
+            continue  # lifespans: no events
+        for i in range(0, len(trace["x"]), 3):  # start, end, gap
+            event = events[trace["customdata"][i]]
+            assert trace["customdata"][i:i + 3] == [event.pk, event.pk, None]
+            # epoch milliseconds, exact to the microsecond of the stored time
+            assert round(trace["x"][i] * 1000) == microseconds(event.received)
+            assert trace["x"][i + 1] > trace["x"][i] and trace["x"][i + 2] is None
+            text, *rest = trace["text"][i:i + 3]
+            assert rest == [None, None]  # one hover text per bar, on its start
+            assert text.startswith(f"{event.received:%H:%M:%S.%f} {event.kind} ")
+            assert (event.reason or event.verb) in text
+            assert text.endswith("(open)" if event.completed is None else " ms)")
+            drawn.add(event.pk)
+    assert drawn == set(events)
+
+
+def test_each_bar_starts_at_its_event_s_exact_microsecond_and_names_it_once(
+        client_of, owner, incident):
+    _store(incident, _gantt_rows())
+
+    figure = _figure(client_of(owner), incident, lanes="actor")
+
+    assert figure["meta"]["mode"] == "gantt"
+    _assert_each_bar_starts_at_its_event_and_names_it_once(figure, incident)
+    watch = Event.objects.get(incident=incident, verb="watch")
+    assert [t["text"][0] for t in figure["data"] if t["customdata"][0] == watch.pk] == [
+        f"{watch.received:%H:%M:%S.%f} audit watch pods bob (open)"]
+    assert aggregate.span_rows(Event.objects.none(), ("id", "received")) == []
+
+
+def test_a_big_figure_goes_gzipped_to_a_client_that_accepts_it(client_of, owner, incident,
+                                                                 monkeypatch):
+    _store(incident, _gantt_rows())
+    monkeypatch.setattr("timelines.api.GZIP_MIN_BYTES", 2000)
+    client = client_of(owner)
+    url = f"/api/v1/incidents/{incident.pk}/figure/"
+
+    plain = client.get(url)
+    packed = client.get(url, HTTP_ACCEPT_ENCODING="gzip, deflate, br")
+    small = client.get(url, {"user": "bob"}, HTTP_ACCEPT_ENCODING="gzip")
+
+    assert len(plain.content) > 2000 and not plain.has_header("Content-Encoding")
+    assert packed["Content-Encoding"] == "gzip"
+    assert gzip.decompress(packed.content) == plain.content
+    assert len(small.content) < 2000 and not small.has_header("Content-Encoding")
+    assert all("Accept-Encoding" in r["Vary"] for r in (plain, packed, small))
+
+
 def test_the_heatmap_is_counted_once_per_data_version(client_of, owner, incident, monkeypatch):
     _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)], format="audit")
     monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
@@ -330,6 +395,16 @@ def test_sqlite_counts_the_heatmap_in_python_without_truncating(client_of, owner
     assert figure["meta"]["mode"] == "heatmap"
     assert figure["meta"]["total"] == len(rows)
     assert figure["data"][0]["z"] == expected.z
+
+
+@pytest.mark.embedded
+def test_sqlite_draws_the_same_bars_at_the_exact_microsecond(client_of, owner, incident):
+    _store(incident, _gantt_rows())
+
+    figure = _figure(client_of(owner), incident)
+
+    assert figure["meta"]["mode"] == "gantt"
+    _assert_each_bar_starts_at_its_event_and_names_it_once(figure, incident)
 
 
 def test_plotly_js_is_served_by_us(settings):

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 
 from timelines.figures import (
     MIN_BAR_SHARE,
     OTHER_LANES,
+    Bar,
     Bins,
     Span,
     build_gantt_figure,
     build_heatmap_figure,
     count_lanes,
     fold_lanes,
+    microseconds,
     object_lifespans,
 )
 
@@ -25,10 +28,15 @@ def _at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
+def _ms(seconds: float) -> float:
+    """An x value: epoch milliseconds of ``_at(seconds)``."""
+    return microseconds(_at(seconds)) / 1000
+
+
 def _span(pk, *, start=0.0, end=0.5, verb="get", code=200, kind="audit", name="web",
-          user="alice", resource="deployments", subresource="") -> Span:
+          user="alice", resource="deployments", subresource="", reason="") -> Span:
     return Span(pk, kind, _at(start), None if end is None else _at(end), verb, code,
-                resource, "shop", name, user, "kubectl", "node-1.log", f"span {pk}", subresource)
+                resource, "shop", name, user, "kubectl", "node-1.log", reason, subresource)
 
 
 def _trace(figure, name):
@@ -54,7 +62,39 @@ def test_each_span_is_one_segment_on_its_object_s_lane_in_its_verb_s_trace():
     assert traces["get"]["y"] == [0, 0, None, 1, 1, None]  # web first, then api
     assert figure["layout"]["yaxis"]["ticktext"] == ["deployments/shop/web",
                                                      "deployments/shop/api"]
-    assert traces["patch"]["x"][:2] == [_at(1).isoformat(), _at(1.2).isoformat()]
+    assert traces["patch"]["x"][:2] == [_ms(1), _ms(1.2)]
+
+
+def test_x_values_are_epoch_milliseconds_that_give_back_the_exact_microsecond():
+    took = timedelta(seconds=3, microseconds=7)
+    for start in (T0 + timedelta(microseconds=1), T0 + timedelta(seconds=59, microseconds=999_999),
+                  datetime(2099, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)):
+        span = Span(1, "audit", start, start + took, "get", 200, "pods", "", "p", "alice", "", "")
+
+        figure = orjson.loads(orjson.dumps(build_gantt_figure([span], group="actor")))
+
+        x0, x1, _ = _trace(figure, "get")["x"]
+        assert isinstance(x0, float) and isinstance(x1, float)
+        assert (round(x0 * 1000), round(x1 * 1000)) == (microseconds(start),
+                                                         microseconds(start + took))
+
+
+def test_each_bar_carries_one_hover_text_naming_its_event_on_its_start():
+    spans = [_span(1, start=1, end=1.2, verb="patch", code=500),
+             _span(2, start=2.000001, end=None, verb="watch", code=None, name="", user="bob"),
+             _span(3, start=3, end=3.0005, kind="event", verb="", code=None, reason="BackOff",
+                   user="", subresource="status")]
+
+    figure = build_gantt_figure(spans, group="actor", window_end=_at(60))
+
+    texts = {t["customdata"][0]: t["text"] for t in figure["data"]}
+    assert texts == {
+        1: ["10:00:01.000000 audit patch 500 deployments/shop/web alice (200.000 ms)", None,
+            None],
+        2: ["10:00:02.000001 audit watch deployments/shop bob (open)", None, None],
+        3: ["10:00:03.000000 event BackOff deployments/shop/web (status)  (0.500 ms)", None,
+            None],
+    }
 
 
 def test_open_spans_reach_the_window_end_dotted_in_a_trace_of_their_own():
@@ -64,9 +104,9 @@ def test_open_spans_reach_the_window_end_dotted_in_a_trace_of_their_own():
 
     open_trace = _trace(figure, "open")
     assert open_trace["line"]["dash"] == "dot"
-    assert open_trace["x"][1] == _at(5).isoformat()
+    assert open_trace["x"][1] == _ms(5)
     zoomed = build_gantt_figure(spans, colour="outcome", window_end=_at(60))
-    assert _trace(zoomed, "open")["x"][1] == _at(60).isoformat()
+    assert _trace(zoomed, "open")["x"][1] == _ms(60)
 
 
 @pytest.mark.parametrize(("code", "bucket"), [(201, "2xx"), (403, "4xx"), (503, "5xx"),
@@ -91,7 +131,7 @@ def test_a_one_millisecond_request_in_a_half_hour_window_is_drawn_at_least_a_pix
     figure = build_gantt_figure(spans, group="actor")
 
     x0, x1, _, _ = _segments(_trace(figure, "get"))[0]
-    width = datetime.fromisoformat(x1) - datetime.fromisoformat(x0)
+    width = timedelta(microseconds=round(x1 * 1000) - round(x0 * 1000))
     assert width >= timedelta(seconds=1800.5) * MIN_BAR_SHARE  # 3.6 s of 30 min
     assert figure["layout"]["xaxis"]["range"] == [_at(0).isoformat(), _at(1800.5).isoformat()]
 
@@ -105,7 +145,7 @@ def test_zero_length_requests_still_draw_when_the_window_is_one_instant():
 def test_long_requests_keep_their_true_length():
     figure = build_gantt_figure([_span(1, start=0, end=100), _span(2, start=50, end=60)],
                                 group="actor")
-    assert _segments(_trace(figure, "get"))[1][:2] == (_at(50).isoformat(), _at(60).isoformat())
+    assert _segments(_trace(figure, "get"))[1][:2] == (_ms(50), _ms(60))
 
 
 def test_unknown_grouping_is_refused():
@@ -122,7 +162,17 @@ def test_the_meta_says_mode_spans_lanes_total_and_the_time_range():
 
 # --- object lifespans ----------------------------------------------------------------------------
 
-WINDOW = (_at(0), _at(100))
+WINDOW = (microseconds(_at(0)), microseconds(_at(100)))
+
+
+def _lifespans(spans: list[Span]) -> dict[str, list[tuple[datetime, datetime]]]:
+    lives = object_lifespans([Bar.of(s) for s in spans], *WINDOW)
+    return {lane: [(_moment(begin), _moment(end)) for begin, end in intervals]
+            for lane, intervals in lives.items()}
+
+
+def _moment(micros: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
 
 
 def test_an_object_lives_from_its_create_to_its_delete():
@@ -130,7 +180,7 @@ def test_an_object_lives_from_its_create_to_its_delete():
              _span(2, start=20, end=20.1, verb="get"),
              _span(3, start=30, end=30.2, verb="delete", code=200)]
 
-    assert object_lifespans(spans, *WINDOW) == {"deployments/shop/web": [(_at(10.1), _at(30.2))]}
+    assert _lifespans(spans) == {"deployments/shop/web": [(_at(10.1), _at(30.2))]}
 
 
 def test_an_object_created_before_the_window_starts_with_it_and_one_never_deleted_runs_on():
@@ -138,7 +188,7 @@ def test_an_object_created_before_the_window_starts_with_it_and_one_never_delete
                 _span(2, start=40, end=40.5, verb="delete")]
     made = [_span(3, name="api", start=50, end=50.5, verb="create", code=201)]
 
-    lives = object_lifespans(existing + made, *WINDOW)
+    lives = _lifespans(existing + made)
 
     assert lives["deployments/shop/web"] == [(_at(0), _at(40.5))]
     assert lives["deployments/shop/api"] == [(_at(50.5), _at(100))]
@@ -150,7 +200,7 @@ def test_an_object_deleted_and_created_again_has_two_lives_and_the_last_delete_e
              _span(3, start=12, end=12, verb="delete"),  # …until the second delete
              _span(4, start=30, end=30, verb="create", code=201)]
 
-    assert object_lifespans(spans, *WINDOW)["deployments/shop/web"] == [
+    assert _lifespans(spans)["deployments/shop/web"] == [
         (_at(5.5), _at(12)), (_at(30), _at(100))]
 
 
@@ -159,14 +209,14 @@ def test_failed_requests_and_subresources_do_not_make_or_end_a_life():
              _span(2, start=6, end=6.5, verb="create", code=201, subresource="eviction"),
              _span(3, name="ghost", start=7, end=7.5, verb="get", code=404)]
 
-    lives = object_lifespans(spans, *WINDOW)
+    lives = _lifespans(spans)
 
     assert lives == {"deployments/shop/web": [(_at(0), _at(100))]}  # seen (201), never made
 
 
 def test_collections_and_other_kinds_have_no_lifespan():
     spans = [_span(1, name="", verb="list"), _span(2, kind="event", verb="", code=None)]
-    assert object_lifespans(spans, *WINDOW) == {}
+    assert _lifespans(spans) == {}
 
 
 def test_object_lanes_draw_lifespans_beneath_the_requests_and_a_marker_per_mutation_over():
@@ -179,7 +229,9 @@ def test_object_lanes_draw_lifespans_beneath_the_requests_and_a_marker_per_mutat
 
     assert figure["data"][0]["name"] == "lifespan"  # first: drawn beneath
     lifespan = figure["data"][0]
-    assert _segments(lifespan) == [(_at(10.1).isoformat(), _at(30.3).isoformat(), 0, None)]
+    assert _segments(lifespan) == [(_ms(10.1), _ms(30.3), 0, None)]
+    assert lifespan["text"] == ["deployments/shop/web exists 10:00:10.100000 – 10:00:30.300000",
+                                None, None]
     assert "customdata" not in lifespan  # not an event: a click on it opens nothing
     assert "rgba" in lifespan["line"]["color"] and lifespan["line"]["width"] < 8
     modes = [t["mode"] for t in figure["data"]]
@@ -188,7 +240,7 @@ def test_object_lanes_draw_lifespans_beneath_the_requests_and_a_marker_per_mutat
     assert set(markers) == {"created", "patched", "deleted"}
     assert len({t["marker"]["symbol"] for t in markers.values()}) == 3
     assert markers["patched"]["customdata"] == [12]
-    assert markers["patched"]["x"] == [_at(20.2).isoformat()]
+    assert markers["patched"]["x"] == [_ms(20.2)]
     assert markers["patched"]["text"] == ["patch by hpa at 10:00:20.200000"]
     assert markers["created"]["text"] == ["create by deployer at 10:00:10.100000"]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hindsight.testing import page_query, wait_for_detail
+from timelines.figures import hover_texts
 from timelines.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -248,12 +249,20 @@ def test_clicking_a_bar_opens_the_event_in_the_page(open_page, owner, incident, 
 
 
 def test_a_bar_shows_its_hover_text_at_either_end(open_page, owner, incident, falco):
-    """The figure carries a bar's text once, on its start; the page shows it at the end too (a
+    """The figure carries a bar's text as numbers into a table of strings; the page joins them
+    exactly as ``figures.hover_texts`` says, and shows the text at either end of the bar (a
     short bar is two pixels wide: the pointer is as often nearer its end)."""
     target = _by_file(falco, "create_configmap_no_sensitive_values.json")
     page = open_page(owner, f"/incidents/{incident.pk}/?resource=configmaps&lanes=actor")
     _drawn(page)
     clock = target["received"].strftime("%H:%M:%S.%f")
+    figure, drawn = page.evaluate("""async () => {
+        const gd = document.getElementById('gantt');
+        const answer = await fetch(gd.dataset.figureUrl + '?resource=configmaps&lanes=actor');
+        return [await answer.json(), gd.data.map(t => t.text)];
+    }""")
+    assert any("labels" in t for t in figure["data"])
+    assert drawn[:len(figure["data"])] == hover_texts(figure)
 
     shown = []
     for end in (False, True):
@@ -268,6 +277,18 @@ def test_a_bar_shows_its_hover_text_at_either_end(open_page, owner, incident, fa
 
     assert shown[0] == shown[1]
     assert shown[0].startswith(f"{clock} audit create ") and "configmaps" in shown[0]
+
+    # object lanes: lifespans (texts of their own) and mutation markers (joined) as well
+    page = open_page(owner, f"/incidents/{incident.pk}/?lanes=object")
+    _drawn(page)
+    figure, drawn = page.evaluate("""async () => {
+        const gd = document.getElementById('gantt');
+        const answer = await fetch(gd.dataset.figureUrl + '?lanes=object');
+        return [await answer.json(), gd.data.map(t => t.text)];
+    }""")
+    forms = {t.get("labels", {}).get("form") for t in figure["data"]}
+    assert {"bar", "marker", None} <= forms  # None: the lifespans
+    assert drawn[:len(figure["data"])] == hover_texts(figure)
 
 
 def test_j_and_k_step_through_the_filtered_events(open_page, owner, incident, falco):

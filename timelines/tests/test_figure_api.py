@@ -15,7 +15,7 @@ from django.utils import timezone
 from incidents.models import Upload
 from timelines import aggregate
 from timelines.columns import ColumnIndex
-from timelines.figures import OTHER_LANES, Bins, Span, count_lanes, microseconds
+from timelines.figures import OTHER_LANES, Bins, Span, count_lanes, hover_texts, microseconds
 from timelines.ingest.store import write_rows
 from timelines.models import Event
 from timelines.parsers import Row
@@ -255,7 +255,8 @@ def test_object_lanes_show_lifespans_and_mutation_markers_that_open_the_event(
     markers = {t["name"]: t for t in figure["data"] if t["mode"] == "markers"}
     created = Event.objects.get(incident=incident, verb="create")
     assert markers["created"]["customdata"] == [created.pk]
-    assert markers["deleted"]["text"][0].startswith("delete by alice at 12:00:03")
+    texts = dict(zip((t["name"] for t in figure["data"]), hover_texts(figure), strict=True))
+    assert texts["deleted"][0].startswith("delete by alice at 12:00:03")
 
 
 def _gantt_rows() -> list[Row]:
@@ -272,7 +273,7 @@ def _gantt_rows() -> list[Row]:
 def _assert_each_bar_starts_at_its_event_and_names_it_once(figure, incident) -> None:
     events = {e.pk: e for e in Event.objects.filter(incident=incident)}
     drawn = set()
-    for trace in figure["data"]:
+    for trace, texts in zip(figure["data"], hover_texts(figure), strict=True):
         if trace["mode"] != "lines" or "customdata" not in trace:
             continue  # lifespans: no events
         for i in range(0, len(trace["x"]), 3):  # start, end, gap
@@ -281,8 +282,8 @@ def _assert_each_bar_starts_at_its_event_and_names_it_once(figure, incident) -> 
             # epoch milliseconds, exact to the microsecond of the stored time
             assert round(trace["x"][i] * 1000) == microseconds(event.received)
             assert trace["x"][i + 1] > trace["x"][i] and trace["x"][i + 2] is None
-            text, *rest = trace["text"][i:i + 3]
-            assert rest == [None, None]  # one hover text per bar, on its start
+            text, *rest = texts[i:i + 3]
+            assert rest == [text, None]  # the same hover text on both ends
             assert text.startswith(f"{event.received:%H:%M:%S.%f} {event.kind} ")
             assert (event.reason or event.verb) in text
             assert text.endswith("(open)" if event.completed is None else " ms)")
@@ -299,7 +300,8 @@ def test_each_bar_starts_at_its_event_s_exact_microsecond_and_names_it_once(
     assert figure["meta"]["mode"] == "gantt"
     _assert_each_bar_starts_at_its_event_and_names_it_once(figure, incident)
     watch = Event.objects.get(incident=incident, verb="watch")
-    assert [t["text"][0] for t in figure["data"] if t["customdata"][0] == watch.pk] == [
+    assert [text[0] for t, text in zip(figure["data"], hover_texts(figure), strict=True)
+            if t["customdata"][0] == watch.pk] == [
         f"{watch.received:%H:%M:%S.%f} audit watch pods bob (open)"]
     assert aggregate.span_rows(Event.objects.none(), ("id", "received")) == []
 

@@ -17,6 +17,7 @@ from timelines.figures import (
     build_heatmap_figure,
     count_lanes,
     fold_lanes,
+    hover_texts,
     microseconds,
     object_lifespans,
 )
@@ -79,7 +80,7 @@ def test_x_values_are_epoch_milliseconds_that_give_back_the_exact_microsecond():
                                                          microseconds(start + took))
 
 
-def test_each_bar_carries_one_hover_text_naming_its_event_on_its_start():
+def test_each_bar_s_hover_text_names_its_event_at_both_ends_and_travels_as_numbers():
     spans = [_span(1, start=1, end=1.2, verb="patch", code=500),
              _span(2, start=2.000001, end=None, verb="watch", code=None, name="", user="bob"),
              _span(3, start=3, end=3.0005, kind="event", verb="", code=None, reason="BackOff",
@@ -87,14 +88,17 @@ def test_each_bar_carries_one_hover_text_naming_its_event_on_its_start():
 
     figure = build_gantt_figure(spans, group="actor", window_end=_at(60))
 
-    texts = {t["customdata"][0]: t["text"] for t in figure["data"]}
-    assert texts == {
-        1: ["10:00:01.000000 audit patch 500 deployments/shop/web alice (200.000 ms)", None,
-            None],
-        2: ["10:00:02.000001 audit watch deployments/shop bob (open)", None, None],
-        3: ["10:00:03.000000 event BackOff deployments/shop/web (status)  (0.500 ms)", None,
-            None],
-    }
+    texts = {t["customdata"][0]: text for t, text in zip(figure["data"], hover_texts(figure),
+                                                         strict=True)}
+    patched = "10:00:01.000000 audit patch 500 deployments/shop/web alice (200.000 ms)"
+    watched = "10:00:02.000001 audit watch deployments/shop bob (open)"
+    backoff = "10:00:03.000000 event BackOff deployments/shop/web (status)  (0.500 ms)"
+    assert texts == {1: [patched, patched, None], 2: [watched, watched, None],
+                     3: [backoff, backoff, None]}
+    # no text is sent, only numbers into one table of strings, each string once
+    assert all("text" not in t for t in figure["data"])
+    assert len(figure["labels"]) == len(set(figure["labels"]))
+    assert [t["labels"]["parts"][3] for t in figure["data"]] == [200_000, -1, 500]
 
 
 def test_open_spans_reach_the_window_end_dotted_in_a_trace_of_their_own():
@@ -241,8 +245,11 @@ def test_object_lanes_draw_lifespans_beneath_the_requests_and_a_marker_per_mutat
     assert len({t["marker"]["symbol"] for t in markers.values()}) == 3
     assert markers["patched"]["customdata"] == [12]
     assert markers["patched"]["x"] == [_ms(20.2)]
-    assert markers["patched"]["text"] == ["patch by hpa at 10:00:20.200000"]
-    assert markers["created"]["text"] == ["create by deployer at 10:00:10.100000"]
+    texts = {t["name"]: text for t, text in zip(figure["data"], hover_texts(figure),
+                                                 strict=True)}
+    assert texts["patched"] == ["patch by hpa at 10:00:20.200000"]
+    assert texts["created"] == ["create by deployer at 10:00:10.100000"]
+    assert texts["lifespan"] == [lifespan["text"][0]] * 2 + [None]
 
 
 def test_other_lanes_have_no_lifespans_or_markers():

@@ -9,14 +9,19 @@ class TimelinesConfig(AppConfig):
     def ready(self) -> None:
         from incidents.models import Incident
 
-        from . import columns
         from .ingest import delete_incident_events
 
         def delete_evidence(sender, instance, **kwargs) -> None:
             # The event table has no cascading foreign key (ingest speed): delete in bulk here.
             delete_incident_events(instance)
             pk = instance.pk
-            transaction.on_commit(lambda: columns.discard(pk))
+
+            def discard_column_index() -> None:
+                from . import columns  # numpy only where it is used (see timelines.queries)
+
+                columns.discard(pk)
+
+            transaction.on_commit(discard_column_index)
 
         pre_delete.connect(delete_evidence, sender=Incident, weak=False,
                            dispatch_uid="timelines.delete_evidence")

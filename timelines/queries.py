@@ -20,7 +20,7 @@ from django.http import QueryDict
 
 from incidents.models import Incident
 
-from . import aggregate, columns
+from . import aggregate
 from .figures import MAX_SPANS, build_gantt_figure, build_heatmap_figure
 from .filters import EventFilterSet
 from .models import Event
@@ -62,6 +62,8 @@ def figure_json(incident: Incident, params: QueryDict, *, group: str = "object",
         return body
     since = filterset.form.cleaned_data.get("since")
     until = filterset.form.cleaned_data.get("until")
+    from . import columns  # numpy: imported by the processes that draw, not by every ingest job
+
     index = columns.load(incident.pk, version) if version is not None else None
     if index is not None and index.serves({n: v for n, v in query if any(v)}):
         window = index.select({n: filterset.form.cleaned_data.get(n) for n, _ in query
@@ -99,6 +101,8 @@ def warm_overview(incident_id: int, *, cache_figures: bool = True) -> int:
         return 0
     version = aggregate.data_version(incident_id)
     if version is not None:
+        from . import columns
+
         try:
             columns.build(incident_id, version)
         except columns.UnusualValues as exc:  # the database keeps counting: slower, same answer

@@ -3,17 +3,19 @@ large incident is counted in milliseconds instead of by a database pass over eve
 
 Counting a million events in PostgreSQL takes 0.4–1 s whatever the index (bench/README.md,
 Figure benchmark): the figure cache hides that for views seen before, not for the first view of
-a new filter. Here each event is one entry of a few arrays: ``received`` as int64 microseconds
-and, per filterable field, an int32 code into that field's distinct values (dictionary
-encoding), plus a code per lane grouping. A filtered heatmap is then a boolean mask and one
-``bincount`` (about 20 ms for 1M events on this machine), with exactly the answer of the
-database's ``GROUP BY`` (tests compare them).
+a new filter. Here each event is two entries of two arrays: ``received`` as int64 microseconds
+and the number of its *signature*, the combination of its filterable fields' values (events
+share them: a million synthetic events have 27,000). Per signature, the code of each field's
+value in that field's distinct values, and its lane in each grouping. A filtered heatmap is
+then a test of the signatures, one gather into a mask over the events and one ``bincount``
+(20–40 ms for 1M events on this machine), with exactly the answer of the database's
+``GROUP BY`` (tests compare them).
 
 An index is built after an ingest, from the database, for incidents of more than ``MAX_SPANS``
 events (smaller ones are drawn as a Gantt, which never needs it), under the incident's data
 version: ``COLUMNS_DIR/<incident>/<version digest>/`` (``HINDSIGHT_COLUMNS_DIR``, by default
-``<HINDSIGHT_DATA_DIR>/columns``), one ``.npy`` file per
-array and ``meta.json`` for the dictionaries. Web processes map the files (``mmap``): the
+``<HINDSIGHT_DATA_DIR>/columns``), one ``.npy`` file per array and ``meta.json`` for the
+distinct values. Web processes map the files (``mmap``): the
 operating system's page cache holds one copy for all of them, and the web and worker
 containers share the data volume (docker-compose.yml). A new upload makes a new version; older
 versions are removed once the new one is in place, and an incident's deletion removes them all.
@@ -39,7 +41,17 @@ import numpy as np
 from django.conf import settings
 from django.db import connection
 
-from .figures import EPOCH, HEATMAP_BINS, MICROSECOND, OTHER_LANES, Bins, LaneCounts, microseconds
+from . import aggregate
+from .figures import (
+    EPOCH,
+    HEATMAP_BINS,
+    MICROSECOND,
+    OTHER_LANES,
+    Bins,
+    LaneCounts,
+    lane_name,
+    microseconds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +125,12 @@ class UnusualValues(ValueError):
     """A field value holds the separator of signatures: no index for this incident."""
 
 
-def build(incident_id: int, version: str) -> Path:
+def build(incident_id: int, version: str) -> Path | None:
     """Write the column index of the incident's events as they are at ``version`` (the caller
     knows no upload is running, see ``aggregate.data_version``) and remove older versions.
-    Returns its folder. Raises ``UnusualValues`` (nothing written) if a value holds the
-    separator character. Memory: one chunk of rows, the distinct signatures and 12 bytes per
-    event."""
+    Returns its folder, or None if a newer version became current meanwhile. Raises
+    ``UnusualValues`` (nothing written) if a value holds the separator character. Memory: one
+    chunk of rows, the distinct signatures and 12 bytes per event."""
     final = version_dir(incident_id, version)
     if (final / "meta.json").exists():
         return final
@@ -153,7 +165,10 @@ def build(incident_id: int, version: str) -> Path:
             meta["values"][field] = values
             np.save(work / f"field-{field}.npy", codes)
         for group in LANE_GROUPS:
-            values, codes = _encode([_lane(group, row) for row in table])
+            values, codes = _encode([lane_name(group, row["kind"], row["resource"],
+                                               row["namespace"], row["name"], row["username"],
+                                               row["user_agent"], row["source"])
+                                     for row in table])
             meta["lanes"][group] = values
             np.save(work / f"lane-{group}.npy", codes)
         (work / "meta.json").write_text(json.dumps(meta))
@@ -164,9 +179,16 @@ def build(incident_id: int, version: str) -> Path:
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for other in final.parent.iterdir():
-        if other != final and not other.name.startswith(".build-"):
-            shutil.rmtree(other, ignore_errors=True)
+    # Older versions go once this one is current. Two builds may overlap (two uploads finished
+    # a moment apart): the one that finishes last must not remove the newer one.
+    current = aggregate.data_version(incident_id)
+    if current == version:
+        for other in final.parent.iterdir():
+            if other != final and not other.name.startswith(".build-"):
+                shutil.rmtree(other, ignore_errors=True)
+    elif current is not None:  # a newer version is complete: this one will never be read
+        shutil.rmtree(final, ignore_errors=True)
+        return None
     log.info("column index of incident %s: %s events, %s signatures", incident_id,
              meta["events"], len(table))
     return final
@@ -178,18 +200,6 @@ def _encode(values: list) -> tuple[list, np.ndarray]:
     array = np.fromiter((codes.setdefault(v, len(codes)) for v in values), dtype=np.int32,
                         count=len(values))
     return list(codes), array
-
-
-def _lane(group: str, row: dict) -> str:
-    """The lane of a signature's events (as ``figures.lane_of``)."""
-    if group == "actor":
-        return row["username"] or f"({row['kind']})"
-    if group == "user_agent":
-        return row["user_agent"] or "(none)"
-    if group == "source":
-        return row["source"] or "(none)"
-    return "/".join(p for p in (row["resource"] or f"({row['kind']})", row["namespace"],
-                                row["name"]) if p)
 
 
 def discard(incident_id: int) -> None:
@@ -258,9 +268,7 @@ class ColumnIndex:
         ``max_lanes`` defaults to ``aggregate.HEATMAP_LANES``."""
         if window.count == 0:
             return None
-        if max_lanes is None:
-            from . import aggregate  # its limit, read now: the same as the database's counts
-
+        if max_lanes is None:  # the database's limit, read now (tests change it)
             max_lanes = aggregate.HEATMAP_LANES
         received, signature = self.received, self.signature
         if window.mask is not None:

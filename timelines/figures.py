@@ -117,12 +117,13 @@ def _moment(micros: int) -> datetime:
 
 
 def lane_of(span: Span | Bar, group: str) -> str:
-    return _lane(group, span.kind, span.resource, span.namespace, span.name, span.user,
+    return lane_name(group, span.kind, span.resource, span.namespace, span.name, span.user,
                  span.user_agent, span.source)
 
 
-def _lane(group: str, kind: str, resource: str, namespace: str, name: str, user: str,
-          user_agent: str, source: str) -> str:
+def lane_name(group: str, kind: str, resource: str, namespace: str, name: str, user: str,
+              user_agent: str, source: str) -> str:
+    """The lane of an event in a grouping, from its fields (``lane_of`` of its span)."""
     if group == "actor":
         return user or f"({kind})"
     if group == "user_agent":
@@ -183,7 +184,7 @@ def object_lifespans(bars: Iterable[Bar], window_start: int, window_end: int,
          subresource) = bar
         if not _mutated(kind, code, resource, name):
             continue
-        lane = lanes[index] if lanes is not None else _lane(
+        lane = lanes[index] if lanes is not None else lane_name(
             "object", kind, resource, namespace, name, user, agent, source)
         lane_changes = changes.setdefault(lane, [])
         if verb in ("create", "delete") and not subresource:
@@ -265,13 +266,13 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
     for bar in bars:
         (pk, kind, start, end, verb, code, resource, namespace, name, user, agent, source,
          reason, subresource) = bar
-        lane_name = _lane(group, kind, resource, namespace, name, user, agent, source)
+        label = lane_name(group, kind, resource, namespace, name, user, agent, source)
         if object_lanes and _mutated(kind, code, resource, name):
             changes.append(bar)
-            change_lanes.append(lane_name)
-        lane = lanes.get(lane_name)
+            change_lanes.append(label)
+        lane = lanes.get(label)
         if lane is None:
-            lane = lanes[lane_name] = len(lanes)
+            lane = lanes[label] = len(lanes)
         key = (kind, verb if by_verb else code, end is None)
         column = columns.get(key)
         if column is None:

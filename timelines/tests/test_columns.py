@@ -167,6 +167,18 @@ def test_a_new_upload_makes_a_new_index_and_the_old_one_goes(client, owner, inci
     assert columns.load(incident.pk, second).events == 350
 
 
+def test_a_build_that_finishes_after_a_newer_one_removes_itself_not_the_newer(incident):
+    _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)])
+    first = aggregate.data_version(incident.pk)
+    _store(incident, [_row(f"b{n}", 400 + n, resource="pods", name="b") for n in range(30)])
+    second = aggregate.data_version(incident.pk)
+    newer = columns.build(incident.pk, second)
+
+    assert columns.build(incident.pk, first) is None  # started before, finished after
+    assert [f.name for f in newer.parent.iterdir()] == [newer.name]
+    assert columns.load(incident.pk, second).events == 330
+
+
 def test_deleting_the_incident_removes_its_index(incident, django_capture_on_commit_callbacks):
     _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)])
     folder = columns.build(incident.pk, aggregate.data_version(incident.pk))

@@ -2,10 +2,12 @@
 a query (filters, ``lanes``, ``colour``) into figure JSON, used by the figure endpoint and by
 ``warm_overview`` after an ingest.
 
-Heatmaps (views of more than ``MAX_SPANS`` events) are cached as JSON bytes under the incident's
-data version and the query: counting a million events takes about a second, so the overview of
-a large incident is counted once per finished upload, ahead of the first page view, instead of
-on it (bench/README.md, Figure benchmark).
+Heatmaps (views of more than ``MAX_SPANS`` events) are counted from the incident's column index
+(``timelines.columns``, built after its uploads finish: 20–40 ms for a million events) or, for
+a query the index cannot serve, by the database (about a second for a million events). Either
+way they are cached as JSON bytes under the incident's data version and the query, and the
+unfiltered overview is counted ahead of the first page view (bench/README.md, Figure
+benchmark). A Gantt is built from the rows of its window each time.
 """
 
 from __future__ import annotations

@@ -107,8 +107,10 @@ def warm_overview(incident_id: int, *, cache_figures: bool = True) -> int:
 
         try:
             columns.build(incident_id, version)
-        except columns.UnusualValues as exc:  # the database keeps counting: slower, same answer
-            log.warning("no column index: %s", exc)
+        except (columns.UnusualValues, OSError) as exc:
+            # the database keeps counting: slower, the same answer (OSError: a full or
+            # read-only HINDSIGHT_COLUMNS_DIR must not fail an ingest that has succeeded)
+            log.warning("no column index for incident %s: %s", incident_id, exc)
     if not cache_figures:
         return 0
     for group in OVERVIEW_LANES:

@@ -202,6 +202,22 @@ def test_a_value_holding_the_separator_leaves_counting_to_the_database(client, o
     assert figure["meta"]["total"] == 300 and "pods/a\x1fb" in figure["data"][0]["y"]
 
 
+def test_an_unwritable_index_folder_leaves_counting_to_the_database(client, owner, incident,
+                                                                    settings, tmp_path,
+                                                                    monkeypatch, caplog):
+    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    settings.COLUMNS_DIR = tmp_path / "a-file"
+    settings.COLUMNS_DIR.write_text("not a folder")
+    _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)])
+
+    assert warm_overview(incident.pk) == 2  # the overview is still counted and cached
+    assert f"no column index for incident {incident.pk}" in caplog.text
+    client.force_login(owner)
+    figure = json.loads(client.get(f"/api/v1/incidents/{incident.pk}/figure/",
+                                   {"name": "a"}).content)
+    assert figure["meta"]["total"] == 300
+
+
 def test_open_spans_and_microsecond_edges_count_like_the_database(incident):
     edge = T0 + timedelta(seconds=5)
     rows = [_row(n, n / 100, resource="pods", name=f"p{n % 3}") for n in range(900)]

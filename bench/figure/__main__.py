@@ -5,13 +5,16 @@ The incident is SYNTHETIC (see ``build.py``): clones of the 93 fixture requests 
 ``bench/ingest`` uses, written through the store's own COPY path into a freshly recreated
 PostgreSQL database, then ``VACUUM ANALYZE``d (as autovacuum does after a large insert). Then:
 
+0. **The column index** (``timelines/columns.py``) is built, as after an ingest, and timed
+   (``--no-index``: not built, so PostgreSQL counts every cold heatmap).
 1. **Server time** of ``GET /api/v1/incidents/{id}/figure/`` through Django's test ``Client``
-   signed in as a superuser, in this process, for each view in ``VIEWS``: the unfiltered default,
-   every lanes grouping, a zoomed window of at most 20,000 events (found in the data), and user
-   filters (a busy user: heatmap; a quiet one: Gantt). Each view is run ``--runs`` times *cold*
-   (Django's cache emptied first, so the heatmap is counted by PostgreSQL; PostgreSQL's own
-   buffers stay warm) and ``--runs`` times *warm* (served from the figure cache where the view
-   is cached at all; a Gantt never is). Medians, every run, and the answer's bytes are reported.
+   signed in as a superuser, asking for gzip as a browser does, in this process, for each view
+   in ``VIEWS``: the unfiltered default, every lanes grouping, a zoomed window of at most
+   20,000 events (found in the data), and user filters (a busy user: heatmap; a quiet one:
+   Gantt). Each view is run ``--runs`` times *cold* (Django's cache emptied and the column
+   index closed first, so the heatmap is counted again; PostgreSQL's own buffers stay warm) and
+   ``--runs`` times *warm* (served from the figure cache where the view is cached at all; a
+   Gantt never is). Medians, every run, the JSON's bytes and the bytes sent are reported.
 2. **First paint** of the incident page in Debian Chromium (Playwright, SwiftShader WebGL)
    against ``manage.py runserver --noreload``: from navigation start to the first frame after the
    figure is drawn (``paint.py``), cold (figure cache emptied) and warm, a fresh browser context

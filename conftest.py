@@ -173,6 +173,25 @@ def ingest_file():
     return run
 
 
+@pytest.fixture
+def task_queue():
+    """A Celery queue of this test's own, as the default for the tasks it sends, so that no
+    stale message of an earlier run interferes and none is left behind; yields its name."""
+    import uuid
+
+    import redis
+    from django.conf import settings
+
+    from hindsight.celery import app
+
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    previous = app.conf.task_default_queue
+    app.conf.task_default_queue = name
+    yield name
+    app.conf.task_default_queue = previous
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(name)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(settings, tmp_path):
     settings.UPLOAD_DIR = tmp_path / "uploads"

@@ -14,32 +14,20 @@ import shutil
 import subprocess
 import threading
 import tracemalloc
-import uuid
 from pathlib import Path
 
 import pytest
-import redis
 from django.conf import settings as django_settings
 
-from hindsight.celery import app as celery_app
 from incidents.models import Incident, Upload
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# every test on a queue of its own (root conftest): uploads queued here are never consumed
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("task_queue")]
 
 # The README's line, with the host of the live server.
 ONE_LINER = ('curl -fsS -H "Authorization: Token $HINDSIGHT_TOKEN" -F file=@bundle.tar.gz '
              '-F incident_key="$CI_JOB_URL" -F title="nightly e2e" {host}/api/v1/uploads/')
 JOB_URL = "https://ci.example.com/platform/hindsight/-/jobs/4242"
-
-
-@pytest.fixture(autouse=True)
-def unread_queue():
-    name = f"test-{uuid.uuid4().hex[:8]}"
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
-    redis.Redis.from_url(django_settings.CELERY_BROKER_URL).delete(name)
 
 
 @pytest.fixture

@@ -14,11 +14,9 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
-import redis
 from django.conf import settings
 from django.db import connection
 
-from hindsight.celery import app as celery_app
 from incidents.models import Upload
 from timelines.models import Event
 
@@ -28,18 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def worker_queue():
-    """A queue of this test's own, so that no stale message of an earlier run interferes."""
-    name = f"test-{uuid.uuid4().hex[:8]}"
-    previous = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
-    yield name
-    celery_app.conf.task_default_queue = previous
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(name)
-
-
-@pytest.fixture
-def worker(worker_queue, tmp_path):
+def worker(task_queue, tmp_path):
     """A Celery worker (prefork, one child) on the test database; yields its Popen."""
     db = connection.settings_dict
     env = {
@@ -47,12 +34,12 @@ def worker(worker_queue, tmp_path):
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "HINDSIGHT_DATA_DIR": str(tmp_path / "worker-data"),
-        "HINDSIGHT_QUEUE": worker_queue,  # where the worker sends the tasks it spawns
+        "HINDSIGHT_QUEUE": task_queue,  # where the worker sends the tasks it spawns
     }
     log = (tmp_path / "worker.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "hindsight", "worker", "-P", "prefork", "-c", "1",
-         "-Q", worker_queue, "-n", f"{worker_queue}@%h", "--without-gossip", "--without-mingle",
+         "-Q", task_queue, "-n", f"{task_queue}@%h", "--without-gossip", "--without-mingle",
          "-l", "info"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )

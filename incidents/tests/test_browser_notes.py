@@ -222,6 +222,11 @@ def test_an_owner_builds_reorders_and_exports_a_sequence(open_page, owner, incid
         assert marker["yref"] == "y" and marker["y"] == _lane(page, event.pk)
         assert _same_instant(marker["x"], event.received)
     assert [m["text"] for m in markers] == ["1", "2", "3"]
+    # a click on a marker selects its step's event
+    index = page.evaluate("""() => document.getElementById('gantt').layout.annotations
+        .findIndex(a => (a.name || '').startsWith('step:') && a.text === '3')""")
+    page.click(f"#gantt g.annotation[data-index='{index}']")
+    wait_for_detail(page, third.pk)
 
     # reorder: the first step down; deltas follow the new order (one is negative)
     page.click("#sequence-steps li.step:nth-child(1) button.down")

@@ -23,7 +23,6 @@ document.addEventListener("DOMContentLoaded", () => {
   let annotations = [];  // as the filter lists them, in (start, id) order
   let target = null;     // what the open form writes: {event}, {start, end} or {annotation}
   let loading = 0;       // the latest list request wins
-  let bound = false;
 
   function say(text) {
     $("annotations-status").textContent = text;
@@ -187,9 +186,9 @@ document.addEventListener("DOMContentLoaded", () => {
     Timeline.setOverlay("annotations", {shapes, annotations: notes});
   }
 
-  function onMarker(data) {
-    const name = data && data.annotation && data.annotation.name;
-    if (!name || !name.startsWith("note:")) return;
+  function onMarker(event) {
+    const name = event.detail.name;
+    if (!name.startsWith("note:")) return;
     const a = annotations.find((item) => "note:" + item.id === name);
     if (a) {
       focus(a);
@@ -198,17 +197,8 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   }
 
-  // plotly's events exist once it has drawn (maybe before this script started)
-  function bindClicks() {
-    if (!bound && Timeline.box.on) {
-      bound = true;
-      Timeline.box.on("plotly_clickannotation", onMarker);
-    }
-  }
-
-  bindClicks();
+  Timeline.box.addEventListener("hindsight:marker-click", onMarker);
   Timeline.box.addEventListener("hindsight:figure-drawn", () => {
-    bindClicks();
     drawMarkers();
     updateActions();
   });

@@ -23,7 +23,6 @@ document.addEventListener("DOMContentLoaded", () => {
   let sequences = [];
   let current = null;   // the chosen sequence, as the API answers it (with its steps)
   let chosenStep = null;  // id of the step clicked last: "after the chosen step" inserts there
-  let bound = false;
 
   function say(text) {
     $("sequences-status").textContent = text;
@@ -222,24 +221,15 @@ document.addEventListener("DOMContentLoaded", () => {
     Timeline.setOverlay("sequence", {shapes, annotations: numbers});
   }
 
-  function onMarker(data) {
-    const name = data && data.annotation && data.annotation.name;
-    if (!current || !name || !name.startsWith("step:")) return;
+  function onMarker(event) {
+    const name = event.detail.name;
+    if (!current || !name.startsWith("step:")) return;
     const step = current.steps.find((s) => "step:" + s.id === name);
     if (step) choose(step);
   }
 
-  // plotly's events exist once it has drawn (maybe before this script started)
-  function bindClicks() {
-    if (!bound && Timeline.box.on) {
-      bound = true;
-      Timeline.box.on("plotly_clickannotation", onMarker);
-    }
-  }
-
-  bindClicks();
+  Timeline.box.addEventListener("hindsight:marker-click", onMarker);
   Timeline.box.addEventListener("hindsight:figure-drawn", () => {
-    bindClicks();
     drawMarkers();
   });
 

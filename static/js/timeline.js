@@ -228,6 +228,11 @@
       plotted = true;
       box.on("plotly_click", onClick);
       box.on("plotly_relayout", onRelayout);
+      // a click on an overlay's marker (a plotly annotation): its layer reads the name
+      box.on("plotly_clickannotation", (data) => {
+        const name = data && data.annotation && data.annotation.name;
+        if (name) box.dispatchEvent(new CustomEvent("hindsight:marker-click", {detail: {name}}));
+      });
     }
     box.dataset.mode = meta.mode || "gantt";
     box.dataset.selected = selected ? selected.id : "";
@@ -490,8 +495,9 @@
 
   // --- integration hooks for notes.js, sequences.js and share.js -------------------------------
   // Overlays are named layers of shapes and annotations drawn over the figure, between its own
-  // and the selection's; each layer redraws itself on "hindsight:figure-drawn" (box), and
-  // "hindsight:selection" (document) says which event is selected (detail: {event} or null).
+  // and the selection's; each layer redraws itself on "hindsight:figure-drawn" (box), learns of
+  // clicks on its markers from "hindsight:marker-click" (box; detail: {name} of the marker),
+  // and "hindsight:selection" (document) says which event is selected (detail: {event} or null).
 
   const overlays = new Map();
   let lanes = null;  // event id → lane of the current figure, built when first asked

@@ -12,7 +12,8 @@ counts in Python over every matching row: slower, same answer (``figures.count_l
 what the PostgreSQL query is tested against).
 
 Over a million events this still takes about a second on two busy cores (bench/README.md):
-which is why the figure endpoint caches heatmaps under ``figure_cache_key``.
+which is why large incidents get a column index (``timelines.columns``) and the figure endpoint
+caches heatmaps under ``figure_cache_key``.
 """
 
 from __future__ import annotations
@@ -195,14 +196,12 @@ def data_version(incident_id: int) -> str | None:
     return f"{state['finished']}.{latest}"
 
 
-def figure_cache_key(incident_id: int, group: str, query: Iterable[tuple[str, list[str]]], *,
-                     version: str | None | bool = False) -> str | None:
+def figure_cache_key(incident_id: int, version: str | None, group: str,
+                     query: Iterable[tuple[str, list[str]]]) -> str | None:
     """The cache key of an incident's figure for a lanes grouping and the other query
-    parameters (name, values): it names the incident's data version (``data_version``, read
-    here unless the caller passes it), so a finished upload makes a new key and old entries
-    just expire. None while the evidence is changing."""
-    if version is False:
-        version = data_version(incident_id)
+    parameters (name, values): it names the incident's data version (``data_version``), so a
+    finished upload makes a new key and old entries just expire. None while the evidence is
+    changing (``version`` None)."""
     if version is None:
         return None
     normal = sorted((name, sorted(values)) for name, values in query)

@@ -58,7 +58,7 @@ def figure_json(incident: Incident, params: QueryDict, *, group: str = "object",
     query = [(name, values) for name, values in params.lists() if name not in VIEW_PARAMS]
     version = aggregate.data_version(incident.pk)
     # A heatmap has no colours: its key leaves colour out.
-    key = aggregate.figure_cache_key(incident.pk, group, query, version=version)
+    key = aggregate.figure_cache_key(incident.pk, version, group, query)
     body = cache.get(key) if key is not None else None
     if body is not None:
         return body

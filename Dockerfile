@@ -10,6 +10,14 @@ RUN npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 COPY assets/plotly-timeline.js assets/build.js ./
 RUN node build.js
 
+# The C scanner of audit-log ingest (scripts/native.sh), built where a compiler is; the image
+# takes only the module.
+FROM python:3.11 AS native
+WORKDIR /src
+COPY scripts/native.sh scripts/
+COPY timelines/parsers/_auditscan.c timelines/parsers/
+RUN PYTHON_BIN=python bash scripts/native.sh
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -35,6 +43,7 @@ RUN useradd --create-home --uid 1000 hindsight \
 # plotly.js bundle because it is there (collectstatic below collects it).
 COPY . .
 COPY --from=assets /assets/dist/plotly-timeline.min.js assets/dist/
+COPY --from=native /src/timelines/parsers/_auditscan.*.so timelines/parsers/
 
 USER hindsight
 

@@ -15,3 +15,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 scripts/assets.sh  # the plotly.js bundle of the incident page
+scripts/native.sh  # the C scanner of audit-log ingest

@@ -6,6 +6,7 @@ waits between them, which bounds memory.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -34,8 +35,10 @@ from ..parsers import (
     detect,
     read_head,
 )
+from ..parsers.base import CopyRows
+from . import store
 from .bundle import finish_bundle, remove_work_dir, unpack_upload
-from .store import write_rows
+from .store import ChunkIds, copy_affixes, write_copy, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,8 @@ THREAD_MIN_BYTES = 8 * 1024**2
 
 def ingest_upload(upload_id: int, claimant: str | None = None,
                   on_progress: Callable[[int, int, int], None] | None = None,
-                  spawn: Callable[[list[int]], None] | None = None) -> Upload | None:
+                  spawn: Callable[[list[int]], None] | None = None, *,
+                  table: str | None = None) -> Upload | None:
     """Ingest one upload, start to finish; returns the row as it then is.
 
     A bundle is unpacked into one child upload per file inside, which ``spawn(ids)`` ingests
@@ -60,6 +64,9 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
     for ``UPLOAD_STALE_SECONDS``) left running. Returns None when the row is gone or another
     worker holds it. Database errors propagate for the caller to retry; bad input is an outcome
     (``failed`` with a message), never an exception.
+
+    ``table``: COPY the rows into this load table of ``timelines.ingest.bulk`` (PostgreSQL)
+    rather than merging them into the store; the load's end deduplicates and attaches them.
     """
     claimant = claimant or f"local-{uuid.uuid4()}"
     now = timezone.now()
@@ -85,7 +92,7 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
                 spawn(children)
             finish_bundle(upload.pk)
         else:
-            _run(upload, on_progress)
+            _run(upload, on_progress, table)
             if upload.parent_id is not None:
                 finish_bundle(upload.parent_id)
     except Exception:
@@ -112,7 +119,8 @@ def fail_upload(upload_id: int, message: str) -> None:
 
 # --- one run -----------------------------------------------------------------------------------
 
-def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = None) -> None:
+def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = None,
+         table: str | None = None) -> None:
     path = Path(upload.path)
     if not path.is_file():
         _finish(upload, Upload.Status.FAILED, Report(upload.name),
@@ -140,13 +148,21 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     # too: a thread and a connection of its own cost more than the overlap gains (a bundle holds
     # thousands of small files).
     threaded = total >= THREAD_MIN_BYTES and not connection.in_atomic_block
-    writer = _BatchWriter(upload.incident_id, upload.pk, threaded=threaded)
+    writer = _BatchWriter(upload.incident_id, upload.pk, threaded=threaded, table=table)
+    parse = parser.parse
+    if parser.parse_copy is not None and connection.vendor == "postgresql":
+        # Most rows come already in COPY format, with their body chunks' ids reserved here.
+        head, mid = copy_affixes(upload.incident_id, upload.pk, report.source)
+        parse = functools.partial(parser.parse_copy, copy_head=head, copy_mid=mid,
+                                  next_chunk_id=ChunkIds().next, chunk_rows=store.CHUNK_ROWS)
     writer.start()
     try:
         with path.open("rb") as handle:
             batch: list[Row] = []
-            for row in parser.parse(handle, report, redactor, progress=progress.parsed,
-                                    hints=hints):
+            for row in parse(handle, report, redactor, progress=progress.parsed, hints=hints):
+                if type(row) is CopyRows:
+                    writer.put(row)
+                    continue
                 batch.append(row)
                 if len(batch) >= BATCH_ROWS:
                     writer.put(batch)
@@ -165,7 +181,8 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     progress.parsed(total, progress.rows)
     _finish(upload, Upload.Status.DONE, report, rows=progress.rows, new=writer.new_rows,
             bytes_read=total)
-    if connection.vendor == "postgresql" and writer.new_rows >= ANALYZE_AFTER_ROWS:
+    if (connection.vendor == "postgresql" and table is None
+            and writer.new_rows >= ANALYZE_AFTER_ROWS):
         # Fresh statistics now, not whenever autovacuum comes by: without them the planner
         # misjudges the first queries of a new incident (measured: 64-146 ms instead of 2 ms).
         with connection.cursor() as cursor:
@@ -229,11 +246,13 @@ class _BatchWriter:
     again in the caller at the next ``put`` or at ``finish``.
     """
 
-    def __init__(self, incident_id: int, upload_id: int, threaded: bool = True) -> None:
+    def __init__(self, incident_id: int, upload_id: int, threaded: bool = True,
+                 table: str | None = None) -> None:
         self.threaded = threaded
+        self.table = table
         self.incident_id = incident_id
         self.upload_id = upload_id
-        self.queue: queue.Queue[list[Row] | None] = queue.Queue(maxsize=1)
+        self.queue: queue.Queue[list[Row] | CopyRows | None] = queue.Queue(maxsize=1)
         self.error: BaseException | None = None
         self.new_rows = 0
         # Once a batch met stored requests (a re-ingest, overlapping files), later ones likely
@@ -245,7 +264,7 @@ class _BatchWriter:
         if self.threaded:
             self.thread.start()
 
-    def put(self, batch: list[Row]) -> None:
+    def put(self, batch: list[Row] | CopyRows) -> None:
         if not self.threaded:
             self._write(batch)
             return
@@ -274,10 +293,12 @@ class _BatchWriter:
         except queue.Full:
             pass
 
-    def _write(self, batch: list[Row]) -> None:
-        new = write_rows(self.incident_id, self.upload_id, batch, optimistic=self.optimistic)
+    def _write(self, batch: list[Row] | CopyRows) -> None:
+        write = write_copy if type(batch) is CopyRows else write_rows
+        new = write(self.incident_id, self.upload_id, batch, optimistic=self.optimistic,
+                    table=self.table)
         self.new_rows += new
-        if new < len(batch):
+        if new < (batch.rows if type(batch) is CopyRows else len(batch)):
             self.optimistic = False
 
     def _loop(self) -> None:

@@ -13,7 +13,7 @@ evidence, so ingesting the same content again changes nothing and every event ke
 
 from __future__ import annotations
 
-import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 import orjson
@@ -25,6 +25,7 @@ from incidents.models import Incident
 from ..models import BodyChunk, Event
 from ..parsers import Row
 from ..parsers.audit import STAGE_RANK
+from ..parsers.base import CopyRows
 
 CHUNK_ROWS = 500  # events per compressed body chunk: small enough to read one event quickly
 
@@ -45,22 +46,75 @@ _MERGE_WHERE = (f"({_STAGE_RANK_SQL.format('timelines_event')} < "
 
 
 def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
-               optimistic: bool = True) -> int:
+               optimistic: bool = True, table: str | None = None) -> int:
     """Merge rows into the store in one transaction; returns how many were new requests.
 
     ``optimistic``: on PostgreSQL, first try to COPY straight into the table, which is right
     whenever none of these requests is stored yet (a new upload) and fails as a whole on the
     unique request identity otherwise; then the batch is merged through the staging table.
+
+    ``table``: on PostgreSQL, COPY into this load table instead (``timelines.ingest.bulk``),
+    which has no unique index: its rows are deduplicated when the load finishes.
     """
     rows = _latest_per_request(rows)
     with transaction.atomic():
         chunk_ids = _write_chunks(incident_id, upload_id, rows)
         if connection.vendor == "postgresql":
             text = _copy_text(incident_id, upload_id, rows, chunk_ids)
+            if table is not None:
+                _copy_into(table, text)
+                return len(rows)
             if optimistic and _copy_new(text):
                 return len(rows)
             return _merge_postgres(text, chunk_ids)
         return _merge_generic(incident_id, upload_id, rows, chunk_ids)
+
+
+def write_copy(incident_id: int, upload_id: int | None, batch: CopyRows, *,
+               optimistic: bool = True, table: str | None = None) -> int:
+    """``write_rows`` for rows in COPY format (PostgreSQL): their body chunks (ids reserved by
+    ``ChunkIds``) and rows in one transaction; returns how many were new requests."""
+    with transaction.atomic():
+        with connection.cursor() as cursor, cursor.copy(
+                "COPY timelines_bodychunk (id, incident_id, upload_id, data) FROM STDIN"
+                " (FORMAT BINARY)") as copy:
+            copy.set_types(["int8", "int8", "int8", "bytea"])
+            for chunk_id, lines in batch.bodies:
+                copy.write_row((chunk_id, incident_id, upload_id, BodyChunk.pack(lines)))
+        if table is not None:
+            _copy_into(table, batch.text)
+            return batch.rows
+        if optimistic and _copy_new(batch.text):
+            return batch.rows
+        return _merge_postgres(batch.text, [chunk_id for chunk_id, _ in batch.bodies])
+
+
+class ChunkIds:
+    """Ids for new body chunks, reserved from their sequence a few at a time, for rows that
+    name their chunk before it is written (``CopyRows``). Uses the calling thread's
+    connection."""
+
+    RESERVE = 64
+
+    def __init__(self) -> None:
+        self.free: deque[int] = deque()
+
+    def next(self) -> int:
+        if not self.free:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT nextval(pg_get_serial_sequence('timelines_bodychunk', 'id'))"
+                               " FROM generate_series(1, %s)", [self.RESERVE])
+                self.free.extend(row[0] for row in cursor.fetchall())
+        return self.free.popleft()
+
+
+def copy_affixes(incident_id: int, upload_id: int | None, source: str) -> tuple[bytes, bytes]:
+    """The constant parts of an audit row in COPY format around its per-request columns: those
+    before ``audit_id`` and those between ``request_uri`` and ``received`` (the C scanner writes
+    the rest; see ``_COPY_COLUMNS``)."""
+    head = f"{incident_id}\t{_NULL if upload_id is None else upload_id}\t"
+    mid = "\t".join(["", source.translate(_COPY_ESCAPES), "audit", "", "", "", "", "", ""])
+    return head.encode(), mid.encode()
 
 
 def _latest_per_request(rows: Sequence[Row]) -> Sequence[Row]:
@@ -79,7 +133,7 @@ def _latest_per_request(rows: Sequence[Row]) -> Sequence[Row]:
 def _write_chunks(incident_id: int, upload_id: int | None, rows: Sequence[Row]) -> list[int]:
     ids = []
     for start in range(0, len(rows), CHUNK_ROWS):
-        data = zlib.compress(b"\n".join(r.raw for r in rows[start:start + CHUNK_ROWS]), 1)
+        data = BodyChunk.pack(b"\n".join(r.raw for r in rows[start:start + CHUNK_ROWS]))
         ids.append(BodyChunk.objects.create(incident_id=incident_id, upload_id=upload_id,
                                             data=data).pk)
     return ids
@@ -152,15 +206,22 @@ def _copy_text(incident_id: int, upload_id: int | None, rows: Sequence[Row],
     return "".join(out)
 
 
-def _copy_new(text: str) -> bool:
+def _copy_into(table: str, text: str | bytes) -> None:
+    """COPY rows (``_COPY_COLUMNS`` order) into ``table``."""
+    with connection.cursor() as cursor:
+        # Losing the last moments of an ingest to a crash is harmless (it is re-run and
+        # idempotent), so do not wait for the WAL flush on every batch.
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        with cursor.copy(f"COPY {table} ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
+            copy.write(text)
+
+
+def _copy_new(text: str | bytes) -> bool:
     """COPY rows straight into the event table; False (and nothing written) if any of them is
     stored already."""
     try:
-        with transaction.atomic(), connection.cursor() as cursor:  # a savepoint to fall back to
-            cursor.execute("SET LOCAL synchronous_commit = off")
-            with cursor.copy(f"COPY timelines_event ({', '.join(_COPY_COLUMNS)}) FROM STDIN") \
-                    as copy:
-                copy.write(text)
+        with transaction.atomic():  # a savepoint to fall back to
+            _copy_into("timelines_event", text)
         return True
     except (IntegrityError, psycopg.errors.UniqueViolation):
         return False
@@ -188,14 +249,26 @@ def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
             f" ON e.incident_id = s.incident_id AND e.received = s.received"
             f" AND e.audit_id = s.audit_id"
             f" WHERE {_STAGE_RANK_SQL.format('e')} < {_STAGE_RANK_SQL.format('s')}),"
+            # New requests are counted before the insert (the statement's one snapshot):
+            # a partitioned table cannot return xmax to tell inserts from updates.
+            f" fresh AS ("
+            f" SELECT count(*) AS n FROM (SELECT DISTINCT incident_id, received, audit_id"
+            f" FROM {_STAGE_TABLE}) s WHERE NOT EXISTS (SELECT 1 FROM timelines_event e"
+            f" WHERE e.incident_id = s.incident_id AND e.received = s.received"
+            f" AND e.audit_id = s.audit_id)),"
             f" merged AS ("
             f" INSERT INTO timelines_event ({columns})"
-            f" SELECT {columns} FROM {_STAGE_TABLE}"
+            # One row per request: a batch of COPY rows may repeat one (a file holding the same
+            # lines twice), and ON CONFLICT cannot touch a row twice. The later stage wins.
+            f" SELECT DISTINCT ON (incident_id, received, audit_id) {columns} FROM {_STAGE_TABLE}"
+            f" ORDER BY incident_id, received, audit_id,"
+            f" {_STAGE_RANK_SQL.format(_STAGE_TABLE)} DESC, completed DESC NULLS LAST,"
+            f" body_chunk DESC, body_index DESC"
             f" ON CONFLICT (incident_id, received, audit_id) DO UPDATE SET {_UPDATE_SET}"
             f" WHERE {_MERGE_WHERE}"
-            f" RETURNING (xmax = 0) AS inserted, body_chunk)"
-            f" SELECT count(*) FILTER (WHERE inserted), array_agg(DISTINCT body_chunk),"
-            f" (SELECT array_agg(body_chunk) FROM replaced) FROM merged"
+            f" RETURNING body_chunk)"
+            f" SELECT (SELECT n FROM fresh), (SELECT array_agg(DISTINCT body_chunk) FROM merged),"
+            f" (SELECT array_agg(body_chunk) FROM replaced)"
         )
         new, used, replaced = cursor.fetchone()
         unused = sorted(set(chunk_ids) - set(used or ()))

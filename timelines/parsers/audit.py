@@ -16,12 +16,13 @@ soon as its final stage is seen.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 import orjson
 
 from .base import (
+    CopyRows,
     Format,
     InputError,
     ParseHints,
@@ -29,10 +30,16 @@ from .base import (
     Report,
     Row,
     nothing_found,
+    open_blocks,
     open_lines,
     parse_time,
 )
 from .redact import Redactor
+
+try:
+    from . import _auditscan  # built by scripts/native.sh
+except ImportError:  # not built: every file takes the Python path
+    _auditscan = None
 
 FINAL_STAGES = frozenset(("ResponseComplete", "Panic"))
 STAGE_RANK = {"RequestReceived": 0, "ResponseStarted": 1, "ResponseComplete": 2, "Panic": 2}
@@ -182,14 +189,20 @@ def _reparse_lines(text: bytes, report: Report, redactor: Redactor,
 
 
 def _rows_of(value: Any, line_bytes: bytes | None, number: int, pending: dict, report: Report,
-             redactor: Redactor) -> Iterator[AuditRow]:
-    """Rows completed by one parsed JSON value (an Event, an EventList, a list of Events)."""
+             redactor: Redactor,
+             on_final: Callable[[str, str], object] | None = None) -> Iterator[AuditRow]:
+    """Rows completed by one parsed JSON value (an Event, an EventList, a list of Events).
+    ``on_final(auditID, received)`` is told of every final stage met."""
     for event in _events_in(value):
         error = _check(event)
         if error:
             report.skip(number, error)
             continue
         own_line = line_bytes if value is event else None  # else re-serialised when stored
+        if on_final is not None and event["stage"] in FINAL_STAGES:
+            received = event.get("requestReceivedTimestamp") or event.get("timestamp")
+            if type(received) is str:
+                on_final(event["auditID"], received)
         yield from _collapse(event, own_line, number, pending, report.source, report, redactor)
 
 
@@ -289,6 +302,11 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
         api_group, _, api_version = api_version.rpartition("/")
     status = event.get("responseStatus") or {}
     code = status.get("code")
+    if type(code) is not int or not -2**31 <= code < 2**31:  # a float, a bool, out of range
+        code = None
+    groups = user.get("groups") or []
+    if type(groups) is not list:
+        raise ValueError(f"user.groups is {type(groups).__name__}, not a list")
     source_ips = event.get("sourceIPs")
     if type(source_ips) is not list or not source_ips:
         source_ips = [source_ips if type(source_ips) is str else ""]
@@ -298,24 +316,24 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
         received,
         completed,
         duration,
-        event.get("verb") or "",
-        user.get("username") or "",
-        [g for g in user.get("groups") or () if isinstance(g, str)],
-        impersonated.get("username") or "",
-        event.get("userAgent") or "",
+        _text(event, "verb"),
+        _text(user, "username"),
+        [g for g in groups if isinstance(g, str)],
+        _text(impersonated, "username"),
+        _text(event, "userAgent"),
         source_ips[0] if isinstance(source_ips[0], str) else "",
-        ref.get("resource") or "",
-        ref.get("subresource") or "",
-        ref.get("namespace") or "",
-        ref.get("name") or "",
-        api_group,
-        api_version,
-        ref.get("uid") or "",
-        ref.get("resourceVersion") or "",
-        code if isinstance(code, int) else None,
-        event.get("level") or "",
+        _text(ref, "resource"),
+        _text(ref, "subresource"),
+        _text(ref, "namespace"),
+        _text(ref, "name"),
+        _text({"apiGroup": api_group}, "apiGroup"),
+        _text({"apiVersion": api_version}, "apiVersion"),
+        _text(ref, "uid"),
+        _text(ref, "resourceVersion"),
+        code,
+        _text(event, "level"),
         stage,
-        event.get("requestURI") or "",
+        _text(event, "requestURI"),
         annotations if isinstance(annotations, dict) else {},
         source,
         number,
@@ -323,4 +341,100 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
     )
 
 
-FORMAT = Format("audit", sniff, parse_audit)
+def _text(container: dict[str, Any], key: str) -> str:
+    """A string field; "" when missing, null or empty. Another type is a malformed field."""
+    value = container.get(key)
+    if type(value) is str:
+        return value
+    if not value:
+        return ""
+    raise ValueError(f"{key} is {type(value).__name__}, not a string")
+
+
+def parse_audit_copy(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
+                     progress: Progress | None = None, hints: ParseHints | None = None, *,
+                     copy_head: bytes, copy_mid: bytes, next_chunk_id: Callable[[], int],
+                     chunk_rows: int) -> Iterator[AuditRow | CopyRows]:
+    """``parse_audit`` for the PostgreSQL store: the same rows, most of them as ``CopyRows``
+    made by the C scanner (``_auditscan``), the others as ``AuditRow``.
+
+    The scanner collapses stages and writes the rows of final stages of the usual shape; it
+    hands back the final stages that may hold a secret (built here, redacted), the lines it does
+    not judge (parsed here as ``parse_audit`` would, skip reasons included) and, at the end, the
+    stages whose request never completed. Falls back to ``parse_audit`` when the scanner is not
+    built, extra redaction paths are configured (every event is walked then) or the file does
+    not start with a JSON line (a pretty-printed document).
+
+    ``copy_head``/``copy_mid``: the escaped COPY columns before ``audit_id`` and between
+    ``request_uri`` and ``received``; ``next_chunk_id()``: a new body chunk's id.
+    """
+    redactor = redactor or Redactor()
+    blocks, counter = open_blocks(raw, report)
+    first = next(blocks, b"")
+    if first.startswith(BOM):
+        first = first[len(BOM):]
+    if _auditscan is None or redactor.extra_paths or not _starts_with_event_line(first):
+        raw.seek(0)
+        yield from parse_audit(raw, report, redactor, progress, hints)
+        return
+    scanner = _auditscan.Scanner(copy_head, copy_mid, next_chunk_id, chunk_rows,
+                                 redactor.enabled)
+    pending: dict = {}  # the collapse of the lines left to Python
+    source = report.source
+    rows = 0
+    number = 1
+    block = first
+    while block:
+        text, count, bodies, finals, others, number = scanner.feed(block, number)
+        if count:
+            rows += count
+            yield CopyRows(text, count, bodies)
+        for line_number, line in finals:
+            row = _row(orjson.loads(line), line, line_number, source, report, redactor)
+            if row is not None:
+                rows += 1
+                yield row
+        for line_number, line in others:
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                report.skip(line_number, _json_reason(line, exc))
+                continue
+            for row in _rows_of(value, line, line_number, pending, report, redactor,
+                                on_final=scanner.forget):
+                rows += 1
+                yield row
+        if progress is not None:
+            progress(counter.count, rows)
+        block = next(blocks, b"")
+    for line_number, line in scanner.flush():
+        event = orjson.loads(line)
+        if (event["auditID"], event["requestReceivedTimestamp"]) in pending:
+            continue  # a later stage of it was left to Python; that one is flushed below
+        row = _row(event, line, line_number, source, report, redactor)
+        if row is not None:
+            rows += 1
+            yield row
+    for row in _flush(pending, report, redactor):
+        rows += 1
+        yield row
+    if progress is not None:
+        progress(counter.count, rows)
+    if rows == 0:
+        raise nothing_found(report, "no kube-apiserver audit events found")
+
+
+def _starts_with_event_line(block: bytes) -> bool:
+    """Whether the first non-blank line of ``block`` is one whole JSON object (JSON lines, not a
+    pretty-printed document)."""
+    for line in block.split(b"\n", 64):
+        stripped = line.strip()
+        if stripped:
+            try:
+                return type(orjson.loads(stripped)) is dict
+            except orjson.JSONDecodeError:
+                return False
+    return False
+
+
+FORMAT = Format("audit", sniff, parse_audit, parse_copy=parse_audit_copy)

@@ -64,6 +64,18 @@ class Row(NamedTuple):
     count: int | None = None  # how many times an Event was seen
 
 
+class CopyRows(NamedTuple):
+    """Rows already in the store's COPY text format (``timelines.ingest.store._COPY_COLUMNS``),
+    as the C scanner of audit logs writes them (``audit.parse_audit_copy``): making a ``Row``
+    per request was most of the cost of ingest."""
+
+    text: bytes
+    rows: int
+    # (body chunk id, the stored lines of its rows joined by newlines): row i of ``text`` points
+    # at line i % chunk_rows of chunk i // chunk_rows.
+    bodies: list[tuple[int, bytes]]
+
+
 def parse_time(value: Any) -> datetime:
     """An RFC 3339 time as an aware datetime in UTC: fractions past microseconds are truncated
     (Python 3.11 reads the runtime's nanoseconds), no offset means UTC. Every parser reads times
@@ -177,6 +189,9 @@ class Format:
     name: str
     sniff: Callable[[bytes, str], bool]
     parse: Callable[..., Iterator[Row]]
+    # ``parse`` with keyword arguments ``copy_head``, ``copy_mid``, ``next_chunk_id`` and
+    # ``chunk_rows``, which may also yield ``CopyRows`` (PostgreSQL only); None: not offered.
+    parse_copy: Callable[..., Iterator[Row | CopyRows]] | None = None
 
 
 HEAD_BYTES = 64 * 1024
@@ -215,6 +230,63 @@ class CountingReader(io.RawIOBase):
     def close(self) -> None:
         self.raw.close()
         super().close()
+
+
+BLOCK_BYTES = 4 * 1024**2
+
+
+def open_blocks(raw: BinaryIO, report: Report,
+                size: int = BLOCK_BYTES) -> tuple[Iterator[bytes], CountingReader]:
+    """``open_lines`` by the block: runs of whole lines of about ``size`` bytes (the last block
+    may end without a newline), with the same handling of a truncated gzip stream: the complete
+    lines before the damage are yielded, then one error is recorded."""
+    counter = CountingReader(raw)
+    buffered = io.BufferedReader(counter, buffer_size=1 << 20)
+    stream: BinaryIO = buffered
+    if buffered.peek(2)[:2] == GZIP_MAGIC:
+        stream = gzip.GzipFile(fileobj=buffered, mode="rb")  # type: ignore[assignment]
+
+    def blocks() -> Iterator[bytes]:
+        rest = b""
+        lines = 0
+        while True:
+            parts = [rest]
+            got = len(rest)
+            # ``rest`` is the start of a line; a line longer than half a block makes it longer
+            need = size if got < size // 2 else got + size
+            try:
+                while got < need:
+                    # read1: one read of the decompressor at a time, so that what came before
+                    # a damaged part of a gzip stream is not lost with the failing read.
+                    part = stream.read1(size)  # type: ignore[attr-defined]
+                    if not part:
+                        break
+                    parts.append(part)
+                    got += len(part)
+            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+                data = b"".join(parts)
+                end = data.rfind(b"\n") + 1
+                if end:
+                    yield data[:end]
+                    lines += data.count(b"\n", 0, end)
+                report.truncated = True
+                report.skip(lines + 1, f"gzip stream is truncated or corrupt ({exc}); "
+                            f"the {lines} lines before it were read")
+                return
+            data = b"".join(parts)
+            if got < need:  # the end
+                if data:
+                    yield data
+                return
+            end = data.rfind(b"\n") + 1
+            if not end:  # no line ends in it yet: read on
+                rest = data
+                continue
+            rest = data[end:]
+            lines += data.count(b"\n", 0, end)
+            yield data[:end]
+
+    return blocks(), counter
 
 
 def open_lines(raw: BinaryIO, report: Report) -> tuple[Iterator[bytes], CountingReader]:

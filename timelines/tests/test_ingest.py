@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import uuid
-import zlib
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from django.utils import timezone
 from incidents.models import Incident, Upload
 from timelines.ingest import create_local_upload, ingest_upload, write_rows
 from timelines.models import BodyChunk, Event
-from timelines.parsers import Redactor, Report, parse_audit
+from timelines.parsers import Redactor, Report, audit, parse_audit
 
 pytestmark = pytest.mark.django_db
 
@@ -383,7 +382,8 @@ def test_secret_values_are_nowhere_in_the_database(incident, ingest_file, fixtur
         rows = [r[0] for r in cursor.fetchall()]
         cursor.execute("SELECT data FROM timelines_bodychunk WHERE incident_id = %s",
                        [incident.pk])
-        chunks = [zlib.decompress(bytes(r[0])).decode() for r in cursor.fetchall()]
+        chunks = [b"\n".join(BodyChunk(data=r[0]).lines()).decode()
+                  for r in cursor.fetchall()]
         cursor.execute("SELECT t::text FROM incidents_upload t WHERE incident_id = %s",
                        [incident.pk])
         upload_rows = [r[0] for r in cursor.fetchall()]
@@ -525,7 +525,10 @@ def test_completing_an_open_span_from_another_file_leaves_no_orphan_chunk(
 
 
 def test_a_chunk_still_used_by_other_events_survives_a_completion(
-        incident, ingest_file, fixtures_dir, tmp_path):
+        incident, ingest_file, fixtures_dir, tmp_path, monkeypatch):
+    # The Python parser puts an open span and complete requests in one chunk (the C scanner
+    # keeps open spans apart, in Python's chunks).
+    monkeypatch.setattr(audit, "_auditscan", None)
     entries = [event for _, event in json_lines(
         audit_log(fixtures_dir, "openshift-requestresponse.log"))]
     first, others = entries[0], entries[1:]

@@ -111,6 +111,49 @@ def _rows(incident_id: int):
         yield chunk
 
 
+# One row of ``COPY (SELECT bigint, bigint) TO STDOUT (FORMAT BINARY)``: the field count, then
+# each field's length and value, big-endian.
+_COPY_ROW = np.dtype([("fields", ">i2"), ("len1", ">i4"), ("received", ">i8"),
+                      ("len2", ">i4"), ("hash", ">i8")])
+_COPY_HEADER = 19  # signature, flags, header extension length (none)
+
+
+def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """(received µs, signature number, signatures) of the incident's events, with the joining
+    of fields done by PostgreSQL and only a 64-bit hash of each row's signature sent: reading a
+    million signatures as Python strings took 4 s, this about 1 s. The distinct signatures are
+    read apart, with their hash. None when two signatures share a hash (then the caller reads
+    the strings)."""
+    fields = ", ".join("coalesce(code::text, '')" if f == "code" else f for f in _FIELDS)
+    signature = f"concat_ws(E'\\x1f', {fields})"
+    rows = (f"SELECT (extract(epoch FROM received) * 1000000)::bigint,"
+            f" hashtextextended({signature}, 0) FROM timelines_event"
+            f" WHERE incident_id = {int(incident_id)}")
+    data = bytearray()
+    with connection.cursor() as cursor:
+        with cursor.copy(f"COPY ({rows}) TO STDOUT (FORMAT BINARY)") as copy:
+            for block in copy:
+                data += block
+        cursor.execute(f"SELECT hashtextextended(s, 0), s FROM (SELECT DISTINCT {signature} AS s"
+                       f" FROM timelines_event WHERE incident_id = %s) d", [incident_id])
+        distinct = cursor.fetchall()
+    body = memoryview(data)[_COPY_HEADER:len(data) - 2]  # without header and trailer
+    table = np.frombuffer(body, dtype=_COPY_ROW)
+    if len(body) % _COPY_ROW.itemsize or not (
+            (table["fields"] == 2).all() and (table["len1"] == 8).all()
+            and (table["len2"] == 8).all()):
+        raise ValueError("unexpected COPY layout")  # never for (bigint, bigint)
+    hashes, coded = np.unique(table["hash"], return_inverse=True)
+    if len(hashes) != len(distinct):
+        return None  # a collision (about 1 in 10^10 for 30,000 signatures)
+    order = np.searchsorted(hashes, np.array([h for h, _ in distinct], dtype=np.int64))
+    signatures = [""] * len(distinct)
+    for at, (_, text) in zip(order.tolist(), distinct, strict=True):
+        signatures[at] = text
+    return (table["received"].astype(np.int64), coded.astype(np.int32).reshape(-1),
+            signatures)
+
+
 def _split(signature: str) -> dict | None:
     """A signature's field values (code as int or None); None if a value held the separator."""
     parts = signature.split(_SEPARATOR)
@@ -140,11 +183,17 @@ def build(incident_id: int, version: str) -> Path | None:
     signatures: dict[str, int] = {}
     received: list[np.ndarray] = []
     coded: list[np.ndarray] = []
-    for chunk in _rows(incident_id):
-        times, keys = zip(*chunk, strict=True)
-        received.append(np.fromiter(times, dtype=np.int64, count=len(chunk)))
-        coded.append(np.fromiter((signatures.setdefault(k, len(signatures)) for k in keys),
-                                 dtype=np.int32, count=len(chunk)))
+    hashed = _postgres_columns(incident_id) if connection.vendor == "postgresql" else None
+    if hashed is not None:
+        received.append(hashed[0])
+        coded.append(hashed[1])
+        signatures = dict.fromkeys(hashed[2])
+    else:
+        for chunk in _rows(incident_id):
+            times, keys = zip(*chunk, strict=True)
+            received.append(np.fromiter(times, dtype=np.int64, count=len(chunk)))
+            coded.append(np.fromiter((signatures.setdefault(k, len(signatures)) for k in keys),
+                                     dtype=np.int32, count=len(chunk)))
     table = []
     for signature in signatures:
         values = _split(signature)

@@ -1035,6 +1035,97 @@ static int append_line(PyObject *list, long long number, const char *s, size_t n
     return r;
 }
 
+
+
+/* A line for Python (a final stage to redact, or a line to judge), by its place in the block. */
+typedef struct {
+    long long number;
+    size_t offset, len;
+    int final;
+} Handback;
+
+/* Growable array of fixed-size items. */
+typedef struct {
+    char *p;
+    size_t n, cap, size;
+} Array;
+
+static void *array_push(Array *a) {
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 256;
+        char *p = realloc(a->p, cap * a->size);
+        if (!p) return NULL;
+        a->p = p;
+        a->cap = cap;
+    }
+    return a->p + a->size * a->n++;
+}
+
+/*
+ * The scan itself, without the GIL (the writer thread runs meanwhile; holding the GIL through a
+ * block made it wait for it at every step): rows go to self->row without their body reference,
+ * the end of each in ``ends``; their lines, joined by newlines, to ``body`` (row i's line
+ * starting at starts[i]); lines for Python to ``handback``. Returns 0, or -2 when out of memory.
+ */
+static int scan_block(Scanner *self, const char *begin, const char *end, long long *number,
+                      Array *ends, Array *starts, Buf *body, Array *handback) {
+    const char *p = begin;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *s = p;
+        size_t n = (size_t)((nl ? nl : end) - p);
+        p = nl ? nl + 1 : end;
+        ++*number;
+        if (!strip(&s, &n)) continue;
+        Span id, rx;
+        int rank = 0;
+        int kind = scan_line(self, s, n, *number, &id, &rx, &rank);
+        if (kind == -2) return -2;
+        if (kind == OTHER) {
+            Handback *h = array_push(handback);
+            if (!h) return -2;
+            *h = (Handback){*number, (size_t)(s - begin), n, 0};
+            continue;
+        }
+        const char *a = id.s + 1, *b = rx.s + 1;
+        size_t an = (size_t)(id.e - id.s - 2), bn = (size_t)(rx.e - rx.s - 2);
+        uint64_t h = key_hash(a, an, b, bn);
+        Table *t = &self->pending;
+        if (kind == PENDING) {
+            /* audit._collapse: kept unless a later stage of the request is pending already */
+            if ((t->used + t->deleted + 1) * 2 > t->cap && table_resize(t)) return -2;
+            Entry *slot = table_find(t, h, a, an, b, bn, 1);
+            if (slot->hash >= 2 && slot->rank > rank) continue;
+            char *copy = malloc(n);
+            if (!copy) return -2;
+            memcpy(copy, s, n);
+            if (slot->hash >= 2) {
+                free(slot->line);
+            } else {
+                if (slot->hash == 1) t->deleted--;
+                t->used++;
+            }
+            *slot = (Entry){h, copy, n, (size_t)(a - s), an, (size_t)(b - s), bn, *number, rank};
+            continue;
+        }
+        Entry *slot = table_find(t, h, a, an, b, bn, 0);
+        if (slot) table_remove(t, slot);
+        if (kind == SLOW_FINAL) {
+            Handback *hb = array_push(handback);
+            if (!hb) return -2;
+            *hb = (Handback){*number, (size_t)(s - begin), n, 1};
+            continue;
+        }
+        size_t *row_end = array_push(ends), *start = array_push(starts);
+        if (!row_end || !start) return -2;
+        *row_end = self->row.n;
+        if (body->n && buf_putc(body, '\n')) return -2;
+        *start = body->n;
+        if (buf_put(body, s, n)) return -2;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(feed_doc,
 "feed(block, first_line) -> (copy_text, rows, bodies, finals, others, next_line)\n\n"
 "Scan the lines of ``block`` (complete lines; the first is line ``first_line``).\n"
@@ -1051,106 +1142,66 @@ static PyObject *Scanner_feed(Scanner *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*L", &view, &number)) return NULL;
     PyObject *bodies = PyList_New(0), *finals = PyList_New(0), *others = PyList_New(0);
     PyObject *result = NULL;
-    Buf body = {0};
-    long long chunk_id = 0;
-    Py_ssize_t rows = 0;
+    Array ends = {.size = sizeof(size_t)}, starts = {.size = sizeof(size_t)};
+    Array handback = {.size = sizeof(Handback)};
+    Buf body = {0}, text = {0};
     if (!bodies || !finals || !others) goto done;
     self->row.n = 0;
-    const char *p = view.buf, *end = p + view.len;
-    number--;
-    while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *line_end = nl ? nl : end;
-        const char *s = p;
-        size_t n = (size_t)(line_end - p);
-        p = nl ? nl + 1 : end;
-        number++;
-        if (!strip(&s, &n)) continue;
-        Span id, rx;
-        int rank = 0;
-        int kind = scan_line(self, s, n, number, &id, &rx, &rank);
-        if (kind == -2) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        if (kind == OTHER) {
-            if (append_line(others, number, s, n)) goto done;
-            continue;
-        }
-        const char *a = id.s + 1, *b = rx.s + 1;
-        size_t an = (size_t)(id.e - id.s - 2), bn = (size_t)(rx.e - rx.s - 2);
-        uint64_t h = key_hash(a, an, b, bn);
-        Table *t = &self->pending;
-        if (kind == PENDING) {
-            /* audit._collapse: kept unless a later stage of the request is pending already */
-            if ((t->used + t->deleted + 1) * 2 > t->cap && table_resize(t)) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            Entry *slot = table_find(t, h, a, an, b, bn, 1);
-            if (slot->hash >= 2 && slot->rank > rank) continue;
-            char *copy = malloc(n);
-            if (!copy) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            memcpy(copy, s, n);
-            if (slot->hash >= 2) {
-                free(slot->line);
-            } else {
-                if (slot->hash == 1) t->deleted--;
-                t->used++;
-            }
-            *slot = (Entry){h, copy, n, (size_t)(a - s), an, (size_t)(b - s), bn, number, rank};
-            continue;
-        }
-        Entry *slot = table_find(t, h, a, an, b, bn, 0);
-        if (slot) table_remove(t, slot);
-        if (kind == SLOW_FINAL) {
-            if (append_line(finals, number, s, n)) goto done;
-            continue;
-        }
-        /* FAST: the row is written up to its body reference */
-        Py_ssize_t index = rows % self->chunk_rows;
-        if (index == 0) {
-            if (rows) {
-                PyObject *item = Py_BuildValue("(Ly#)", chunk_id, body.p, (Py_ssize_t)body.n);
-                if (!item || PyList_Append(bodies, item)) {
-                    Py_XDECREF(item);
-                    goto done;
-                }
-                Py_DECREF(item);
-                body.n = 0;
-            }
-            PyObject *next = PyObject_CallNoArgs(self->next_chunk_id);
-            if (!next) goto done;
-            chunk_id = PyLong_AsLongLong(next);
-            Py_DECREF(next);
-            if (chunk_id == -1 && PyErr_Occurred()) goto done;
-        } else if (buf_putc(&body, '\n')) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        if (buf_int(&self->row, chunk_id) || buf_putc(&self->row, '\t') ||
-            buf_uint(&self->row, (unsigned long long)index, 1) || buf_putc(&self->row, '\n') ||
-            buf_put(&body, s, n)) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        rows++;
+    const char *begin = view.buf;
+    long long last = number - 1;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = scan_block(self, begin, begin + view.len, &last, &ends, &starts, &body, &handback);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
     }
-    if (rows) {
-        PyObject *item = Py_BuildValue("(Ly#)", chunk_id, body.p, (Py_ssize_t)body.n);
+    for (size_t i = 0; i < handback.n; i++) {
+        Handback *h = (Handback *)handback.p + i;
+        if (append_line(h->final ? finals : others, h->number, begin + h->offset, h->len))
+            goto done;
+    }
+    /* Each row with its body chunk's id (asked of Python now) and its place in the chunk. */
+    size_t rows = ends.n, chunk_rows = (size_t)self->chunk_rows;
+    size_t *row_ends = (size_t *)ends.p, *body_starts = (size_t *)starts.p;
+    if (buf_grow(&text, self->row.n + rows * 24)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t first = 0; first < rows; first += chunk_rows) {
+        size_t last_row = first + chunk_rows < rows ? first + chunk_rows : rows;
+        PyObject *next = PyObject_CallNoArgs(self->next_chunk_id);
+        if (!next) goto done;
+        long long chunk_id = PyLong_AsLongLong(next);
+        Py_DECREF(next);
+        if (chunk_id == -1 && PyErr_Occurred()) goto done;
+        size_t body_end = last_row < rows ? body_starts[last_row] - 1 : body.n;
+        PyObject *item = Py_BuildValue("(Ly#)", chunk_id, body.p + body_starts[first],
+                                       (Py_ssize_t)(body_end - body_starts[first]));
         if (!item || PyList_Append(bodies, item)) {
             Py_XDECREF(item);
             goto done;
         }
         Py_DECREF(item);
+        for (size_t i = first; i < last_row; i++) {
+            size_t row_start = i ? row_ends[i - 1] : 0;
+            if (buf_put(&text, self->row.p + row_start, row_ends[i] - row_start) ||
+                buf_int(&text, chunk_id) || buf_putc(&text, '\t') ||
+                buf_uint(&text, i - first, 1) || buf_putc(&text, '\n')) {
+                PyErr_NoMemory();
+                goto done;
+            }
+        }
     }
-    result = Py_BuildValue("(y#nOOOL)", self->row.p ? self->row.p : "", (Py_ssize_t)self->row.n,
-                           rows, bodies, finals, others, number + 1);
+    result = Py_BuildValue("(y#nOOOL)", text.p ? text.p : "", (Py_ssize_t)text.n,
+                           (Py_ssize_t)rows, bodies, finals, others, last + 1);
 done:
     buf_free(&body);
+    buf_free(&text);
+    free(ends.p);
+    free(starts.p);
+    free(handback.p);
     if (self->row.cap > (64u << 20)) buf_free(&self->row);
     Py_XDECREF(bodies);
     Py_XDECREF(finals);

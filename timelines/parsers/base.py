@@ -232,7 +232,7 @@ class CountingReader(io.RawIOBase):
         super().close()
 
 
-BLOCK_BYTES = 4 * 1024**2
+BLOCK_BYTES = 1024**2
 
 
 def open_blocks(raw: BinaryIO, report: Report,

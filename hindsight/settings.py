@@ -204,6 +204,10 @@ BUNDLE_MAX_BYTES = env_int("HINDSIGHT_BUNDLE_MAX_BYTES", 20 * 1024**3)
 BUNDLE_MAX_FILES = env_int("HINDSIGHT_BUNDLE_MAX_FILES", 100_000)
 BUNDLE_MAX_RATIO = env_int("HINDSIGHT_BUNDLE_MAX_RATIO", 200)
 
+# ``manage.py ingest`` loads a new incident of at least this many bytes into a table of its own,
+# indexed once at the end (timelines/ingest/bulk.py): faster than keeping the indexes row by row.
+BULK_LOAD_MIN_BYTES = env_int("HINDSIGHT_BULK_LOAD_MIN_BYTES", 64 * 1024**2)
+
 # Redaction: on by default. Extra dotted JSON paths (``*`` matches one key or list item), e.g.
 # ``requestObject.spec.template.spec.containers.*.env.*.value``.
 REDACT = env_bool("HINDSIGHT_REDACT", True)

@@ -9,10 +9,12 @@ class TimelinesConfig(AppConfig):
     def ready(self) -> None:
         from incidents.models import Incident
 
-        from .ingest import delete_incident_events
+        from .ingest import delete_incident_events, drop_incident_partition
 
         def delete_evidence(sender, instance, **kwargs) -> None:
-            # The event table has no cascading foreign key (ingest speed): delete in bulk here.
+            # The event table has no cascading foreign key (ingest speed): delete in bulk here,
+            # a bulk-loaded incident's events by dropping their partition.
+            drop_incident_partition(instance.pk)
             delete_incident_events(instance)
             pk = instance.pk
 

@@ -56,10 +56,12 @@ class Event(models.Model):
 
     # No database-level foreign keys on the hot table: a per-row RI check would cost ingest speed
     # and incidents are deleted through ``timelines.ingest.delete_incident_events`` in bulk.
+    # No index of their own either: every index of the table leads with the incident, and no
+    # query selects events by upload (each index costs bulk loads time, see ingest.bulk).
     incident = models.ForeignKey(Incident, on_delete=models.DO_NOTHING, db_constraint=False,
-                                 related_name="events")
+                                 db_index=False, related_name="events")
     upload = models.ForeignKey(Upload, null=True, on_delete=models.DO_NOTHING,
-                               db_constraint=False, related_name="+")
+                               db_constraint=False, db_index=False, related_name="+")
     kind = models.TextField(choices=Kind.choices, default=Kind.AUDIT)
     # With ``received``, the identity within the incident: the auditID for requests, a key the
     # parser derives for other kinds.

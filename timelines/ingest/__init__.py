@@ -2,13 +2,16 @@
 
 - ``pipeline``: one upload from claim to finish (parse in one thread, write in another);
 - ``bundle``: a diagnose bundle unpacked into one child upload per file inside;
-- ``store``: batches of rows merged into ``timelines_event`` (COPY, staging, merge rule).
+- ``store``: batches of rows merged into ``timelines_event`` (COPY, staging, merge rule);
+- ``bulk``: a large new incident COPYed into a table of its own, indexed once and attached as
+  its partition.
 """
 
 from __future__ import annotations
 
+from .bulk import drop_incident_partition, finish_load, start_load
 from .pipeline import create_local_upload, fail_upload, ingest_upload
 from .store import delete_incident_events, write_rows
 
-__all__ = ["create_local_upload", "delete_incident_events", "fail_upload", "ingest_upload",
-           "write_rows"]
+__all__ = ["create_local_upload", "delete_incident_events", "drop_incident_partition",
+           "fail_upload", "finish_load", "ingest_upload", "start_load", "write_rows"]

@@ -14,15 +14,17 @@ import multiprocessing
 import os
 import sys
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
+from django.db.models import Sum
 
 from incidents.models import Incident, Team, Upload
 from timelines.bundles import is_bundle
-from timelines.ingest import create_local_upload, ingest_upload
+from timelines.ingest import bulk, create_local_upload, ingest_upload
 from timelines.queries import shared_cache, warm_overview
 
 
@@ -32,12 +34,15 @@ def _start_child() -> None:
     connections.close_all()
 
 
-def _ingest_in_child(upload_id: int) -> int:
-    ingest_upload(upload_id)
+def _ingest_in_child(upload_id: int, table: str | None = None) -> int:
+    ingest_upload(upload_id, table=table)
     return upload_id
 
 
 class Command(BaseCommand):
+    # The system checks cost a quarter of a second of every run, for a command that scripts and
+    # CI jobs call again and again; migrate and the web server run them.
+    requires_system_checks: list[str] = []
     help = ("Ingest evidence (audit logs, Events, component logs, diagnose bundles) into an "
             "incident, in this process, and wait for the result.")
 
@@ -55,7 +60,7 @@ class Command(BaseCommand):
                             help="print a JSON summary as the last line on stdout")
         parser.add_argument("--jobs", type=int, default=None,
                             help="files ingested at once, each in a process of its own "
-                                 "(default: one per CPU on PostgreSQL, 1 on SQLite)")
+                                 "(default: one more than the CPUs on PostgreSQL, 1 on SQLite)")
 
     def handle(self, *args, **options) -> None:
         incident = self._incident(options)
@@ -79,14 +84,26 @@ class Command(BaseCommand):
             else:
                 files.append(upload.pk)
         jobs = min(len(files), self._jobs(options["jobs"]))
-        if jobs > 1:
-            self._ingest_in_processes(files, jobs, options["json"])
-        else:
+        # A large new incident is loaded into a table of its own and indexed once at the end
+        # (timelines.ingest.bulk); its files are reported then, with their final counts.
+        table = bulk.start_load(incident.pk) if self._bulk(options, files) else None
+        try:
+            if jobs > 1:
+                self._ingest_in_processes(files, jobs, options["json"], table)
+            else:
+                for upload_id in files:
+                    name = Upload.objects.filter(pk=upload_id).values_list("name", flat=True)[0]
+                    ingest_upload(upload_id, on_progress=self._progress(name), table=table)
+                    if self.stderr.isatty():
+                        self.stderr.write("\r\033[K", ending="", style_func=str)
+                    if table is None:
+                        self._report(Upload.objects.get(pk=upload_id), options["json"])
+        finally:
+            # Also after an error or an interrupt: what was loaded so far is kept.
+            if table is not None:
+                self._finish_load(incident.pk, table, files)
+        if table is not None:
             for upload_id in files:
-                name = Upload.objects.filter(pk=upload_id).values_list("name", flat=True)[0]
-                ingest_upload(upload_id, on_progress=self._progress(name))
-                if self.stderr.isatty():
-                    self.stderr.write("\r\033[K", ending="", style_func=str)
                 self._report(Upload.objects.get(pk=upload_id), options["json"])
         # The column index is on disk, which the web processes share; the overview figures
         # only when they share this process's cache too.
@@ -160,19 +177,56 @@ class Command(BaseCommand):
             # transaction.
             return 1
         if wanted is None:
-            return os.cpu_count() or 1
+            # One more than the CPUs: files are ingested whole, so with one process per CPU the
+            # last file (the third apiserver's log of three, on two CPUs) would run alone while
+            # a CPU idles; the PostgreSQL backends take their share of the CPUs anyway.
+            return (os.cpu_count() or 1) + 1
         if wanted < 1:
             raise CommandError("--jobs must be at least 1")
         return wanted
 
-    def _ingest_in_processes(self, upload_ids: list[int], jobs: int, as_json: bool) -> None:
+    def _ingest_in_processes(self, upload_ids: list[int], jobs: int, as_json: bool,
+                             table: str | None = None) -> None:
         """Files ingested by ``jobs`` forked processes, each with its own database connection:
-        parsing is CPU-bound Python, so threads would share one core."""
+        parsing is CPU-bound Python, so threads would share one core. ``table``: the bulk load
+        they all COPY into (then the caller reports the files)."""
         connections.close_all()  # nothing of the parent's connection is handed to the children
         context = multiprocessing.get_context("fork")
         with context.Pool(jobs, initializer=_start_child) as pool:
-            for upload_id in pool.imap_unordered(_ingest_in_child, upload_ids):
-                self._report(Upload.objects.get(pk=upload_id), as_json)
+            for upload_id in pool.imap_unordered(partial(_ingest_in_child, table=table),
+                                                 upload_ids):
+                if table is None:
+                    self._report(Upload.objects.get(pk=upload_id), as_json)
+
+    @staticmethod
+    def _bulk(options, files: list[int]) -> bool:
+        """Whether to bulk load: a new incident (nothing to merge with), on PostgreSQL, outside a
+        caller's transaction (the forked processes must see the load table), of enough bytes for
+        the index build at the end to pay off."""
+        if (connection.vendor != "postgresql" or connection.in_atomic_block
+                or options["incident"] is None or not files):
+            return False
+        total = Upload.objects.filter(pk__in=files).aggregate(total=Sum("bytes_total"))["total"]
+        return (total or 0) >= settings.BULK_LOAD_MIN_BYTES
+
+    def _finish_load(self, incident_id: int, table: str, upload_ids: list[int]) -> None:
+        def say(message: str) -> None:
+            self.stderr.write(message, style_func=str)
+
+        try:
+            result = bulk.finish_load(incident_id, table, on_step=say)
+        except BaseException as exc:
+            # Nothing of the load is visible: drop it rather than leave a table behind, and say
+            # so on its files (their source is intact for another try).
+            bulk.abandon_load(incident_id, table)
+            Upload.objects.filter(pk__in=upload_ids, status=Upload.Status.DONE).update(
+                status=Upload.Status.FAILED, new_events=0,
+                message=f"the bulk load could not be finished: {exc}")
+            raise
+        say(f"{'attached' if result.attached else 'merged'} {result.events:,} events in "
+            f"{sum(result.seconds.values()):.1f} s ("
+            + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result.seconds.items())
+            + ")")
 
     def _progress(self, name: str):
         """A progress line on a terminal (stderr, so that --json output stays clean)."""

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from incidents.models import Upload
@@ -83,9 +83,10 @@ def start_load(incident_id: int) -> str:
 
 def finish_load(incident_id: int, table: str,
                 on_step: Callable[[str], None] | None = None) -> LoadResult:
-    """Deduplicate the load table and attach it as the incident's partition, or merge it into the
-    store; see the module docstring. ``on_step(message)`` hears of the long steps. Database
-    errors propagate, with nothing changed (the load table still holds its rows)."""
+    """Deduplicate the load table (if a request came twice) and attach it as the incident's
+    partition, or merge it into the store; see the module docstring. ``on_step(message)`` hears
+    of the long steps. Database errors propagate, with nothing changed (the load table still
+    holds its rows)."""
     result = LoadResult(attached=False, events=0)
     step = partial(_step, result.seconds, on_step)
     with transaction.atomic(), connection.cursor() as cursor:
@@ -93,21 +94,23 @@ def finish_load(incident_id: int, table: str,
             cursor.execute(f"SELECT upload_id, count(*) FROM {table} GROUP BY upload_id")
             loaded = dict(cursor.fetchall())
         events = f"{sum(loaded.values()):,} events"
-        with step("dedupe", f"deduplicating {events} …"):
-            dropped = _dedupe(cursor, table)
+        dedupe = partial(_dedupe_step, cursor, table, step, events)
         partition = partition_table(incident_id)
+        dropped: Counter[int | None] = Counter()
         if loaded and _is_partition(cursor, partition):
             log.info("incident %s has a partition already: merging %s", incident_id, table)
         elif loaded:  # (an empty load is not attached: merged, it is just dropped)
             try:
                 with transaction.atomic():  # a savepoint: a failed attach falls back to the merge
-                    _index_and_attach(cursor, incident_id, table, partition, step, events)
+                    dropped = _index_and_attach(cursor, incident_id, table, partition, step,
+                                                events, dedupe)
                 result.attached = True
             except DatabaseError as exc:
                 log.warning("could not attach %s as a partition, merging it: %s", table, exc)
         if result.attached:
             uploads = {u: n - dropped[u] for u, n in loaded.items()}
         else:
+            dedupe()  # one row per request: ON CONFLICT cannot touch a row twice
             with step("merge", f"merging {events} into the store …"):
                 uploads = dict.fromkeys(loaded, 0) | _merge(cursor, table)
                 cursor.execute(f"DROP TABLE {table}")
@@ -155,6 +158,16 @@ def _is_partition(cursor, name: str) -> bool:
     return cursor.fetchone()[0]
 
 
+def _dedupe_step(cursor, table: str, step, events: str) -> Counter[int | None]:
+    with step("dedupe", f"deduplicating {events} …"):
+        # The hash aggregate of a million identities fits in memory then (1.2 s instead of 2 s
+        # spilling to disk).
+        cursor.execute("SET LOCAL work_mem = '256MB'")
+        dropped = _dedupe(cursor, table)
+        cursor.execute("RESET work_mem")
+        return dropped
+
+
 def _dedupe(cursor, table: str) -> Counter[int | None]:
     """One row per request identity, the one the store's merge rule keeps: the later stage, then
     the later completion (a known one over none), then the first loaded (lower id). Then the body
@@ -184,9 +197,14 @@ def _dedupe(cursor, table: str) -> Counter[int | None]:
 
 
 def _index_and_attach(cursor, incident_id: int, table: str, partition: str, step,
-                      events: str) -> None:
+                      events: str, dedupe: Callable[[], Counter[int | None]]
+                      ) -> Counter[int | None]:
     """Build the parent's indexes on the load table, analyze it and attach it as the incident's
-    partition.
+    partition; returns the rows ``dedupe`` deleted per upload.
+
+    The unique request identity is built first: when it succeeds, which is whenever no request
+    came twice, the load needs no deduplication (a GROUP BY of every identity: 3.2 s of a
+    million-event load); when it fails, ``dedupe`` runs and it is built again.
 
     Each index matches its parent index (same definition; the constraint ones carry their
     constraint), so ATTACH adopts them instead of building its own; the CHECK made by
@@ -197,15 +215,26 @@ def _index_and_attach(cursor, incident_id: int, table: str, partition: str, step
         " JOIN pg_class i ON i.oid = x.indexrelid"
         " LEFT JOIN pg_constraint c ON c.conindid = i.oid AND c.conrelid = x.indrelid"
         " WHERE x.indrelid = 'timelines_event'::regclass")
-    indexes = cursor.fetchall()
+    # the unique identity first
+    indexes = sorted(cursor.fetchall(), key=lambda index: index[2] != "u")
+    dropped: Counter[int | None] = Counter()
     with step("index", f"indexing {events} …"):
         # Parallel workers share the sort of each build (max_parallel_maintenance_workers).
         cursor.execute(f"SET LOCAL maintenance_work_mem = '{INDEX_MEMORY}'")
         for name, definition, kind in indexes:
             own = f"{name}_{int(incident_id)}"
             # "CREATE [UNIQUE] INDEX name ON ONLY public.timelines_event USING …"
-            cursor.execute(re.sub(r"^(CREATE (?:UNIQUE )?INDEX) \S+ ON ONLY \S+ ",
-                                  rf"\1 {own} ON {table} ", definition))
+            create = re.sub(r"^(CREATE (?:UNIQUE )?INDEX) \S+ ON ONLY \S+ ",
+                            rf"\1 {own} ON {table} ", definition)
+            if kind == "u":
+                try:
+                    with transaction.atomic():
+                        cursor.execute(create)
+                except IntegrityError:  # a request loaded twice
+                    dropped = dedupe()
+                    cursor.execute(create)
+            else:
+                cursor.execute(create)
             if kind in ("p", "u"):
                 cursor.execute(f"ALTER TABLE {table} ADD CONSTRAINT {own}"
                                f" {'PRIMARY KEY' if kind == 'p' else 'UNIQUE'} USING INDEX {own}")
@@ -220,6 +249,7 @@ def _index_and_attach(cursor, incident_id: int, table: str, partition: str, step
                        f" FOR VALUES IN ({int(incident_id)})")
         # The partition's own constraint says the same from now on.
         cursor.execute(f"ALTER TABLE {partition} DROP CONSTRAINT {table}_incident")
+    return dropped
 
 
 def _merge(cursor, table: str) -> dict[int | None, int]:

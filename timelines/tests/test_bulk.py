@@ -182,6 +182,18 @@ def test_stages_of_a_request_in_two_files_collapse_to_the_complete_one(tmp_path,
     assert new == {"a.log": 1, "b.log": 3}
 
 
+def test_a_load_without_repeated_requests_is_not_deduplicated(tmp_path, incident):
+    """The unique request identity is built first; when it holds, there is nothing to
+    deduplicate and that pass over every row is skipped."""
+    path = write_log(tmp_path / "a.log", *(audit_event(f"req-{n}", "ResponseComplete", second=n)
+                                           for n in range(10)))
+
+    result = load(incident, [path])
+
+    assert result.attached and result.events == 10
+    assert "dedupe" not in result.seconds and "index" in result.seconds
+
+
 def test_the_same_file_twice_is_stored_once(tmp_path, incident):
     path = write_log(tmp_path / "a.log", *(audit_event(f"req-{n}", "ResponseComplete", second=n)
                                            for n in range(10)))
@@ -189,6 +201,7 @@ def test_the_same_file_twice_is_stored_once(tmp_path, incident):
     result = load(incident, [path, path])
 
     assert result.attached and result.events == 10
+    assert "dedupe" in result.seconds  # the unique identity failed first
     assert Event.objects.filter(incident=incident).count() == 10
     first, second = Upload.objects.filter(incident=incident).order_by("pk")
     assert (first.new_events, second.new_events) == (10, 0)

@@ -797,7 +797,7 @@ static int walk_finds_objects(const Span *top, const Span *refs, const char *s, 
  */
 static int scan_line(Scanner *self, const char *s, size_t n, long long number, Span *id, Span *rx,
                      int *rank) {
-    int is_slow = 0, *slow = &is_slow;
+    int slow = 0;
     if (n < 2 || s[0] != '{' || !utf8_valid((const unsigned char *)s, n)) return OTHER;
     const char *e = s + n;
     Span top[K_COUNT];
@@ -835,23 +835,22 @@ static int scan_line(Scanner *self, const char *s, size_t n, long long number, S
     }
     int has_uri = opt_str(uri);
     if (has_uri < 0) return OTHER;
-    *slow = 0;
     if (self->redact) {
         Span res = refs[R_RESOURCE];
         if (IS_STR(res)) {
             if (memchr(res.s, '\\', (size_t)(res.e - res.s))) return OTHER;
-            *slow = sensitive_resource(res.s + 1, (size_t)(res.e - res.s - 2)) &&
-                    walk_finds_objects(top, refs, s, n);
+            slow = sensitive_resource(res.s + 1, (size_t)(res.e - res.s - 2)) &&
+                   walk_finds_objects(top, refs, s, n);
         }
-        if (!*slow && has_uri) {
+        if (!slow && has_uri) {
             int r = decode(uri, &self->tmp);
             if (r == -1) return OTHER;
             if (r) return -2;
-            *slow = memchr(self->tmp.p, '=', self->tmp.n) && uri_has_secret(self->tmp.p, self->tmp.n);
+            slow = memchr(self->tmp.p, '=', self->tmp.n) && uri_has_secret(self->tmp.p, self->tmp.n);
         }
-        if (!*slow) *slow = may_hold_token(s, n);
+        if (!slow) slow = may_hold_token(s, n);
     }
-    if (*slow) return SLOW_FINAL;
+    if (slow) return SLOW_FINAL;
 
     /* the row: timelines.parsers.audit._build_row, then store._copy_text */
     int64_t received, completed;
@@ -911,13 +910,15 @@ static int scan_line(Scanner *self, const char *s, size_t n, long long number, S
     }
     /* v1alpha1: objectRef.apiVersion is group/version */
     Span group = refs[R_GROUP], version = refs[R_VERSION];
-    if (opt_str(group) == 0 && opt_str(version) == 1 &&
-        memchr(version.s, '/', (size_t)(version.e - version.s))) {
-        int r = decode(version, &self->tmp2);
+    char *slash = NULL;
+    if (opt_str(group) == 0 && opt_str(version) == 1) {
+        int r = decode(version, &self->tmp2); /* a slash may be written \/ or \u002f */
         if (r == -1) goto other;
         if (r) return -2;
-        char *slash = self->tmp2.p + self->tmp2.n;
-        while (*--slash != '/') {}
+        for (char *c = self->tmp2.p + self->tmp2.n; c > self->tmp2.p && !slash; c--)
+            if (c[-1] == '/') slash = c - 1;
+    }
+    if (slash) {
         TAB();
         TRY(copy_escape(row, self->tmp2.p, (size_t)(slash - self->tmp2.p)));
         TAB();

@@ -117,11 +117,18 @@ def parse_audit(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
                 rows += 1
                 yield row
 
+    yield from _end_of_file(pending, report, redactor, progress, counter.count, rows)
+
+
+def _end_of_file(pending: dict, report: Report, redactor: Redactor, progress: Progress | None,
+                 bytes_read: int, rows: int) -> Iterator[AuditRow]:
+    """The requests still open (``_flush``), then the last progress call. Raises
+    ``InputError`` when the file gave no row at all."""
     for row in _flush(pending, report, redactor):
         rows += 1
         yield row
     if progress is not None:
-        progress(counter.count, rows)
+        progress(bytes_read, rows)
     if rows == 0:
         raise nothing_found(report, "no kube-apiserver audit events found")
 
@@ -415,13 +422,7 @@ def parse_audit_copy(raw: BinaryIO, report: Report, redactor: Redactor | None = 
         if row is not None:
             rows += 1
             yield row
-    for row in _flush(pending, report, redactor):
-        rows += 1
-        yield row
-    if progress is not None:
-        progress(counter.count, rows)
-    if rows == 0:
-        raise nothing_found(report, "no kube-apiserver audit events found")
+    yield from _end_of_file(pending, report, redactor, progress, counter.count, rows)
 
 
 def _starts_with_event_line(block: bytes) -> bool:

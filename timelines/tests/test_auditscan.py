@@ -294,6 +294,10 @@ def test_unicode_escapes_as_go_and_python_write_them():
         assert_same(data)
     annotated = final.replace(b'"allow"', rb'"\ud83d\ude00 \u00e9 \ud800"')
     assert_same(received + b"\n" + annotated + b"\n")
+    for version in (rb"apps\u002fv1beta1", rb"apps\/v1beta1", rb"a\u002fb/v1"):  # v1alpha1
+        grouped = final.replace(b'"apiVersion":"v1"', b'"apiVersion":"' + version + b'"')
+        assert grouped != final
+        assert assert_same(received + b"\n" + grouped + b"\n") == 1
 
 
 def test_a_secret_in_a_final_stage_is_redacted_and_closes_its_request():

@@ -136,6 +136,25 @@ def test_a_bulk_load_stores_exactly_the_events_of_the_normal_path(fixtures_dir, 
     assert counts(loaded) == counts(normal)
 
 
+def test_a_bundle_of_mixed_evidence_loads_as_the_normal_path_stores_it(fixtures_dir, settings):
+    """Events, component logs and audit lines of a real bundle: the load table takes every kind
+    of evidence, and the deduplication and merge rule hold for all of them."""
+    bundle = fixtures_dir / "bundles" / "sonobuoy-results-0.10.tar.gz"
+    settings.BULK_LOAD_MIN_BYTES = 10**15
+    normal = run_ingest(bundle, incident="normal path", jobs=1)
+    settings.BULK_LOAD_MIN_BYTES = 0
+    loaded = run_ingest(bundle, incident="bulk load", jobs=1)
+
+    normal_id, bulk_id = normal["incident"]["id"], loaded["incident"]["id"]
+    assert has_partition(bulk_id)
+    expected = rows_of(normal_id)
+    kinds = {row["kind"] for row in expected.values()}
+    assert len(kinds) > 1, kinds
+    assert rows_of(bulk_id) == expected
+    assert bodies_of(bulk_id) == bodies_of(normal_id)
+    assert orphan_chunks(bulk_id) == set()
+
+
 def test_a_load_from_several_processes_stores_every_request_once(fixtures_dir, settings):
     logs = fixture_logs(fixtures_dir)
     settings.BULK_LOAD_MIN_BYTES = 10**15

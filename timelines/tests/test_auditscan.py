@@ -423,3 +423,10 @@ def test_large_synthetic_log_is_read_in_c():
             "%Y-%m-%dT%H:%M:%S.%fZ"), stageTimestamp=done.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
         events.extend(pair)
     assert assert_same(lines(*events), block=64 * 1024) == 3000
+
+
+def test_a_last_line_without_newline_and_lines_longer_than_a_block():
+    random.seed(29)
+    data = lines(*request(), *request(verb="x"), *request(verb="y")).rstrip(b"\n")
+    for block in (None, 7, 64, 300):
+        assert assert_same(data, block=block) == 3

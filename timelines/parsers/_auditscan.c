@@ -775,19 +775,16 @@ static inline int str_eq(Span v, const char *lit) {
 }
 
 /* For an event of a sensitive resource: whether redact.Redactor.redact_event could replace
- * anything beyond what the other tests here look for (tokens in strings, the query string).
- * It redacts by the kind of the request and response objects, so without either there is
- * nothing; and serviceaccounts are sensitive only for their token subresource (TokenRequest),
- * unless an object there names a kind that is redacted, or carries a last-applied copy. */
+ * anything beyond what the other tests here look for; the rule of redact._objects_to_walk. */
 static int walk_finds_objects(const Span *top, const Span *refs, const char *s, size_t n) {
+    if (contains(s, n, "\\u")) return 1;
     Span req = top[K_REQUEST], resp = top[K_RESPONSE];
     if ((ABSENT(req) || IS_NULL(req)) && (ABSENT(resp) || IS_NULL(resp))) return 0;
     Span res = refs[R_RESOURCE], sub = refs[R_SUBRESOURCE];
     if (!str_eq(res, "serviceaccounts") || str_eq(sub, "token")) return 1;
     return contains(s, n, "Secret") || contains(s, n, "ConfigMap") ||
            contains(s, n, "TokenReview") || contains(s, n, "TokenRequest") ||
-           contains(s, n, "Route") || contains(s, n, "last-applied-configuration") ||
-           contains(s, n, "\\u");
+           contains(s, n, "Route") || contains(s, n, "last-applied-configuration");
 }
 
 /*

@@ -55,6 +55,27 @@ def may_hold_token(line: bytes) -> bool:
             or b"ASIC " in line)
 
 
+# In the raw line of a serviceaccounts event, what an object redacted by kind would show.
+_REDACTED_KIND_WORDS = (b"Secret", b"ConfigMap", b"TokenReview", b"TokenRequest", b"Route",
+                        b"last-applied-configuration")
+
+
+def _objects_to_walk(event: dict[str, Any], ref: dict[str, Any], raw_line: bytes) -> bool:
+    """For an event of a sensitive resource: whether ``redact_object`` could replace anything.
+    It redacts by the kind of the request and response objects, so without either there is
+    nothing; serviceaccounts are sensitive only for their token subresource (TokenRequest),
+    unless an object names a redacted kind or carries a last-applied copy. A JSON escape in the
+    line keeps the walk: these byte tests cannot see through it. The C scanner
+    (``_auditscan.c``, ``walk_finds_objects``) applies the same rule."""
+    if b"\\u" in raw_line:
+        return True
+    if event.get("requestObject") is None and event.get("responseObject") is None:
+        return False
+    if ref.get("resource") != "serviceaccounts" or ref.get("subresource") == "token":
+        return True
+    return any(word in raw_line for word in _REDACTED_KIND_WORDS)
+
+
 class Redactor:
     """Replaces secrets in parsed audit events in place and counts what it replaced."""
 
@@ -69,7 +90,8 @@ class Redactor:
         if self.extra_paths or raw_line is None:
             return True
         ref = event.get("objectRef")
-        if type(ref) is dict and ref.get("resource") in SENSITIVE_RESOURCES:
+        if (type(ref) is dict and ref.get("resource") in SENSITIVE_RESOURCES
+                and _objects_to_walk(event, ref, raw_line)):
             return True
         uri = event.get("requestURI")
         if type(uri) is str and "=" in uri and URI_SECRET.search(uri):

@@ -243,15 +243,20 @@ def test_sqlite_builds_the_same_index(incident):
             assert _index_counts(index, query, group) == _database_counts(incident, query, group)
 
 
-def test_a_hash_collision_reads_the_signatures_themselves(incident, monkeypatch):
-    """PostgreSQL sends each row's signature as a 64-bit hash; were two signatures to share
-    one, the index reads the strings instead, and counts the same."""
+def test_postgres_groups_the_same_signatures_as_the_orm(incident):
+    """PostgreSQL joins and groups the signatures itself (``_postgres_columns``): the same
+    (time, signature) pairs as the row-by-row read of the embedded default, every event once,
+    and an index built from them counts as the database does."""
     _store(incident, _synthetic_rows(count=800))
-    version = aggregate.data_version(incident.pk)
-    hashed = columns._postgres_columns(incident.pk)
+    received, coded, signatures = columns._postgres_columns(incident.pk)
+    grouped = sorted(zip(received.tolist(), (signatures[c] for c in coded.tolist()),
+                         strict=True))
+    by_row = sorted(pair for chunk in columns._rows(incident.pk) for pair in chunk)
     events = Event.objects.filter(incident=incident).count()
-    assert hashed is not None and len(hashed[0]) == events > 800 and len(hashed[2]) > 10
-    monkeypatch.setattr(columns, "_postgres_columns", lambda incident_id: None)
+    assert len(grouped) == events > 800 and len(signatures) > 10
+    assert len(set(signatures)) == len(signatures)
+    assert grouped == by_row
+    version = aggregate.data_version(incident.pk)
     columns.build(incident.pk, version)
     index = columns.load(incident.pk, version)
     for query in QUERIES[:6]:

@@ -438,7 +438,7 @@ def test_the_partitioning_migration_reverses_with_every_row(tmp_path, incident, 
     ingest_file(other, path)
     load(incident, [path])
     before = sorted(Event.objects.values_list("pk", "incident_id", "audit_id"))
-    latest = [("timelines", "0003_partition_events")]
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
 
     try:
         executor = MigrationExecutor(connection)
@@ -450,10 +450,32 @@ def test_the_partitioning_migration_reverses_with_every_row(tmp_path, incident, 
             cursor.execute("SELECT attidentity FROM pg_attribute WHERE attname = 'id'"
                            " AND attrelid = 'timelines_event'::regclass")
             assert cursor.fetchone() == ("d",)
+            assert _body_storage(cursor) == "x"  # 0005 reversed: PostgreSQL's default
         assert sorted(Event.objects.values_list("pk", "incident_id", "audit_id")) == before
     finally:
         MigrationExecutor(connection).migrate(latest)
 
     assert sorted(Event.objects.values_list("pk", "incident_id", "audit_id")) == before
+    with connection.cursor() as cursor:
+        assert _body_storage(cursor) == "e"
     created = Event.objects.create(incident=other, audit_id="y", received="2024-05-01T11:00Z")
     assert created.pk > max(pk for pk, _, _ in before)
+
+
+def _body_storage(cursor) -> str:
+    cursor.execute("SELECT attstorage FROM pg_attribute WHERE attname = 'data'"
+                   " AND attrelid = 'timelines_bodychunk'::regclass")
+    return cursor.fetchone()[0]
+
+
+def test_body_chunks_are_stored_without_a_second_compression(incident, ingest_file,
+                                                            fixtures_dir):
+    """zstd frames are stored EXTERNAL (migration 0005): PostgreSQL does not try to compress
+    them again, and they read back whole."""
+    ingest_file(incident, fixtures_dir / "audit" / "audit2rbac-demo.log")
+    with connection.cursor() as cursor:
+        assert _body_storage(cursor) == "e"
+    events = Event.objects.filter(incident=incident).exclude(body_chunk=None)
+    assert events.count() > 10
+    for event in events:
+        assert event.body()["auditID"] == event.audit_id

@@ -9,6 +9,7 @@ read are ``skipped`` with the reason in ``message``); the exit code is 0 only if
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -61,6 +62,14 @@ class Command(BaseCommand):
         parser.add_argument("--jobs", type=int, default=None,
                             help="files ingested at once, each in a process of its own "
                                  "(default: one more than the CPUs on PostgreSQL, 1 on SQLite)")
+
+    def run_from_argv(self, argv) -> None:
+        # From the command line, Django and its imports live as long as the process: out of the
+        # collector's sight, they are not traversed by each full collection nor at exit (0.3 s
+        # at 200,000 requests), nor copied into the forked processes when a collection would
+        # touch them. (Not in call_command: the caller's process goes on.)
+        gc.freeze()
+        super().run_from_argv(argv)
 
     def handle(self, *args, **options) -> None:
         incident = self._incident(options)

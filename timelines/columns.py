@@ -150,8 +150,9 @@ def build(incident_id: int, version: str) -> Path | None:
     """Write the column index of the incident's events as they are at ``version`` (the caller
     knows no upload is running, see ``aggregate.data_version``) and remove older versions.
     Returns its folder, or None if a newer version became current meanwhile. Raises
-    ``UnusualValues`` (nothing written) if a value holds the separator character. Memory: one
-    chunk of rows, the distinct signatures and 12 bytes per event."""
+    ``UnusualValues`` (nothing written) if a value holds the separator character. Memory: the
+    distinct signatures, 12 bytes per event, and one chunk of rows (SQLite) or the grouped times
+    as PostgreSQL sends them (8 bytes per event)."""
     final = version_dir(incident_id, version)
     if (final / "meta.json").exists():
         return final

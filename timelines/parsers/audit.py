@@ -376,7 +376,8 @@ def parse_audit_copy(raw: BinaryIO, report: Report, redactor: Redactor | None = 
     ``request_uri`` and ``received``; ``next_chunk_id()``: a new body chunk's id.
     """
     redactor = redactor or Redactor()
-    blocks, counter = open_blocks(raw, report)
+    number = 1  # of the next line
+    blocks, counter = open_blocks(raw, report, lambda: number - 1)
     first = next(blocks, b"")
     if first.startswith(BOM):
         first = first[len(BOM):]
@@ -389,7 +390,6 @@ def parse_audit_copy(raw: BinaryIO, report: Report, redactor: Redactor | None = 
     pending: dict = {}  # the collapse of the lines left to Python
     source = report.source
     rows = 0
-    number = 1
     block = first
     while block:
         text, count, bodies, finals, others, number = scanner.feed(block, number)

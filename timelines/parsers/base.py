@@ -235,11 +235,13 @@ class CountingReader(io.RawIOBase):
 BLOCK_BYTES = 1024**2
 
 
-def open_blocks(raw: BinaryIO, report: Report,
+def open_blocks(raw: BinaryIO, report: Report, lines_read: Callable[[], int],
                 size: int = BLOCK_BYTES) -> tuple[Iterator[bytes], CountingReader]:
     """``open_lines`` by the block: runs of whole lines of about ``size`` bytes (the last block
     may end without a newline), with the same handling of a truncated gzip stream: the complete
-    lines before the damage are yielded, then one error is recorded."""
+    lines before the damage are yielded, then one error is recorded. ``lines_read()``: how many
+    lines the caller has taken from the blocks so far (it counts them anyway; counting them here
+    too cost a pass over every block), for that error's line number."""
     counter = CountingReader(raw)
     buffered = io.BufferedReader(counter, buffer_size=1 << 20)
     stream: BinaryIO = buffered
@@ -248,7 +250,6 @@ def open_blocks(raw: BinaryIO, report: Report,
 
     def blocks() -> Iterator[bytes]:
         rest = b""
-        lines = 0
         while True:
             parts = [rest]
             got = len(rest)
@@ -268,7 +269,7 @@ def open_blocks(raw: BinaryIO, report: Report,
                 end = data.rfind(b"\n") + 1
                 if end:
                     yield data[:end]
-                    lines += data.count(b"\n", 0, end)
+                lines = lines_read()
                 report.truncated = True
                 report.skip(lines + 1, f"gzip stream is truncated or corrupt ({exc}); "
                             f"the {lines} lines before it were read")
@@ -283,7 +284,6 @@ def open_blocks(raw: BinaryIO, report: Report,
                 rest = data
                 continue
             rest = data[end:]
-            lines += data.count(b"\n", 0, end)
             yield data[:end]
 
     return blocks(), counter

@@ -106,7 +106,8 @@ def _scanned(data: bytes, name: str = "node-1.log", redactor: Redactor | None = 
     kwargs = dict(copy_head=head, copy_mid=mid, next_chunk_id=lambda: next(ids), chunk_rows=3)
     if block is not None:
         original = audit.open_blocks
-        audit.open_blocks = lambda raw, report: original(raw, report, block)
+        audit.open_blocks = lambda raw, report, lines_read: original(raw, report, lines_read,
+                                                                      block)
     try:
         items = list(audit.parse_audit_copy(io.BytesIO(data), report, redactor or Redactor(),
                                             **kwargs))

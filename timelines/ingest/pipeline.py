@@ -36,9 +36,15 @@ from ..parsers import (
     read_head,
 )
 from ..parsers.base import CopyRows
-from . import store
 from .bundle import finish_bundle, remove_work_dir, unpack_upload
-from .store import ChunkIds, analyze_incident, copy_affixes, write_copy, write_rows
+from .store import (
+    CHUNK_ROWS,
+    ChunkIds,
+    analyze_incident,
+    copy_affixes,
+    write_copy,
+    write_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +160,7 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
         # Most rows come already in COPY format, with their body chunks' ids reserved here.
         head, mid = copy_affixes(upload.incident_id, upload.pk, report.source)
         parse = functools.partial(parser.parse_copy, copy_head=head, copy_mid=mid,
-                                  next_chunk_id=ChunkIds().next, chunk_rows=store.CHUNK_ROWS)
+                                  next_chunk_id=ChunkIds().next, chunk_rows=CHUNK_ROWS)
     writer.start()
     try:
         with path.open("rb") as handle:

@@ -303,8 +303,8 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
     user = event.get("user") or {}
     impersonated = event.get("impersonatedUser") or {}
     ref = event.get("objectRef") or {}
-    api_group = ref.get("apiGroup") or ""
-    api_version = ref.get("apiVersion") or ""
+    api_group = _text(ref, "apiGroup")
+    api_version = _text(ref, "apiVersion")
     if not api_group and "/" in api_version:  # v1alpha1: objectRef.apiVersion is group/version
         api_group, _, api_version = api_version.rpartition("/")
     status = event.get("responseStatus") or {}
@@ -333,8 +333,8 @@ def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, sou
         _text(ref, "subresource"),
         _text(ref, "namespace"),
         _text(ref, "name"),
-        _text({"apiGroup": api_group}, "apiGroup"),
-        _text({"apiVersion": api_version}, "apiVersion"),
+        api_group,
+        api_version,
         _text(ref, "uid"),
         _text(ref, "resourceVersion"),
         code,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,6 @@ from timelines.figures import hover_texts
 from timelines.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-DAY = "2018-10-26"  # the falco traces of this day: one minikube session, 38 requests
 
 
 def test_the_gantt_draws_the_fixture_incident(open_page, owner, incident, ingest_file, demo_log):
@@ -37,51 +34,12 @@ def test_the_gantt_draws_the_fixture_incident(open_page, owner, incident, ingest
     assert size > 0
 
 
-# --- a fixture incident, read independently -----------------------------------------------------
+def _by_file(falco: list[dict], name: str) -> dict:
+    return next(r for r in falco if r["file"] == name)
+
 
 def _time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def _read(path: Path) -> list[dict]:
-    text = path.read_text(encoding="utf-8")
-    try:
-        return [json.loads(text)]
-    except json.JSONDecodeError:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-@pytest.fixture
-def falco(incident, ingest_file, fixtures_dir) -> list[dict]:
-    """The incident holding every falco trace of 26 October 2018 (clusterrole ``some-reader``
-    created five times and deleted once, at RequestResponse level, among pods, services,
-    configmaps); returns each request's facts with its event id, in time order."""
-    requests = []
-    for path in sorted((fixtures_dir / "audit" / "falco").glob("*.json")):
-        try:
-            events = [e for e in _read(path) if e.get("requestReceivedTimestamp", "")
-                      .startswith(DAY)]
-        except json.JSONDecodeError:
-            continue  # the deliberately malformed trace
-        if not events:
-            continue
-        assert ingest_file(incident, path).status == "done"
-        for event in events:
-            ref = event.get("objectRef") or {}
-            requests.append({
-                "audit_id": event["auditID"], "received": _time(event["requestReceivedTimestamp"]),
-                "verb": event["verb"], "resource": ref.get("resource", ""),
-                "namespace": ref.get("namespace", ""), "name": ref.get("name", ""),
-                "uri": event["requestURI"], "file": path.name})
-    ids = dict(Event.objects.filter(incident=incident).values_list("audit_id", "id"))
-    assert len(ids) == len(requests) == 38
-    for request in requests:
-        request["id"] = ids[request["audit_id"]]
-    return sorted(requests, key=lambda r: (r["received"], r["id"]))
-
-
-def _by_file(falco: list[dict], name: str) -> dict:
-    return next(r for r in falco if r["file"] == name)
 
 
 # --- page helpers -------------------------------------------------------------------------------

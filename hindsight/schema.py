@@ -123,3 +123,75 @@ class IncidentEventStep(OpenApiViewExtension):
                 pass  # pragma: no cover - only described
 
         return Described
+
+
+_VALUE = {"type": "object", "properties": {
+    "value": {"nullable": True, "description": "a string, or for code an integer (null: none)"},
+    "count": {"type": "integer"},
+    "errors": {"type": "integer", "description": "of those, events that answered 400 or more"}}}
+_VALUES = {"type": "array", "items": _VALUE}
+
+
+class IncidentFacets(OpenApiViewExtension):
+    target_class = "timelines.overview_api.incident_facets"
+
+    def view_replacement(self):
+        from timelines.facets import FACET_FIELDS  # numpy: only when the schema is made
+
+        class Described(self.target_class):
+            @extend_schema(
+                parameters=[*FILTERED,
+                            OpenApiParameter("field", str, required=True,
+                                             enum=list(FACET_FIELDS)),
+                            OpenApiParameter("limit", int, description="at most 1000; "
+                                                                       "default 20"),
+                            OpenApiParameter("contains", str, description="only values holding "
+                                                                          "this text, any case")],
+                responses=OpenApiResponse(
+                    {"type": "object", "properties": {
+                        "field": {"type": "string"}, "values": _VALUES,
+                        "total": {"type": "integer", "description": "events matching"},
+                        "distinct": {"type": "integer"}}},
+                    "the field's values among the filtered events, most frequent first"))
+            def get(self, request, *args, **kwargs):
+                pass  # pragma: no cover - only described
+
+        return Described
+
+
+class IncidentOverview(OpenApiViewExtension):
+    target_class = "timelines.overview_api.incident_overview"
+
+    def view_replacement(self):
+        facet = {"type": "object", "properties": {"values": _VALUES,
+                                                  "distinct": {"type": "integer"}}}
+
+        class Described(self.target_class):
+            @extend_schema(
+                parameters=[*FILTERED,
+                            OpenApiParameter("top", int, description="values per field, at "
+                                                                     "most 100; default 8")],
+                responses=OpenApiResponse(
+                    {"type": "object", "properties": {
+                        "total": {"type": "integer"},
+                        "range": {"type": "array", "items": {"type": "string"},
+                                  "nullable": True},
+                        "histogram": {"type": "object", "nullable": True, "properties": {
+                            "start": {"type": "string"}, "end": {"type": "string"},
+                            "bin_ms": {"type": "number"}, "bins": {"type": "integer"},
+                            "by": {"type": "string"},
+                            "series": {"type": "array", "items": {
+                                "type": "object", "properties": {
+                                    "name": {"type": "string"},
+                                    "counts": {"type": "array",
+                                               "items": {"type": "integer"}}}}}}},
+                        "facets": {"type": "object", "additionalProperties": facet},
+                        "window": {"type": "object", "nullable": True, "properties": {
+                            "since": {"type": "string"}, "until": {"type": "string"},
+                            "events": {"type": "integer"}, "outside": {"type": "integer"},
+                            "reason": {"type": "string"}}}}},
+                    "counts, histogram, top values and a suggested window"))
+            def get(self, request, *args, **kwargs):
+                pass  # pragma: no cover - only described
+
+        return Described

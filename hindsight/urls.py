@@ -21,6 +21,7 @@ from timelines.api import (
     incident_events_json,
     incident_figure,
 )
+from timelines.overview_api import incident_facets, incident_overview
 
 router = DefaultRouter()
 router.register("incidents", IncidentViewSet, basename="incident")
@@ -51,6 +52,9 @@ urlpatterns = [
     path("api/v1/incidents/<int:incident_pk>/events.csv", incident_events_csv,
          name="incident-events-csv"),
     path("api/v1/incidents/<int:incident_pk>/figure/", incident_figure, name="incident-figure"),
+    path("api/v1/incidents/<int:incident_pk>/facets/", incident_facets, name="incident-facets"),
+    path("api/v1/incidents/<int:incident_pk>/overview/", incident_overview,
+         name="incident-overview"),
     # before the router: its format suffixes would read events.json as the list in JSON
     path("api/v1/incidents/<int:incident_pk>/events.json", incident_events_json,
          name="incident-events-json"),

@@ -255,10 +255,14 @@ def discard(incident_id: int) -> None:
 
 @dataclass
 class Window:
-    """What a query selects, in the index's terms: a mask over the events (None: all)."""
+    """What a query selects, in the index's terms: the events ``start:stop`` (their positions
+    in time order: the query's since..until), of which those where ``mask`` is true (None: all
+    of them)."""
 
     mask: np.ndarray | None
     count: int
+    start: int = 0
+    stop: int | None = None  # None: to the last event
 
 
 class ColumnIndex:
@@ -288,12 +292,17 @@ class ColumnIndex:
 
     def signature_counts(self, window: Window) -> np.ndarray:
         """How many of the selected events have each signature (int64, one per signature)."""
-        signature = self.signature if window.mask is None else self.signature[window.mask]
-        return np.bincount(signature, minlength=self.signatures)
+        return np.bincount(self.selected(self.signature, window), minlength=self.signatures)
 
     def times(self, window: Window) -> np.ndarray:
         """``received`` (µs) of the selected events, in time order."""
-        return np.asarray(self.received if window.mask is None else self.received[window.mask])
+        return self.selected(self.received, window)
+
+    @staticmethod
+    def selected(events: np.ndarray, window: Window) -> np.ndarray:
+        """The selected events' entries of a per-event array (``received``, ``signature``)."""
+        part = np.asarray(events[window.start:window.stop])
+        return part if window.mask is None else part[window.mask]
 
     @staticmethod
     def serves(params: Mapping[str, list[str]]) -> bool:
@@ -303,7 +312,13 @@ class ColumnIndex:
     def select(self, filters: Mapping[str, list], since: datetime | None,
                until: datetime | None) -> Window:
         """The events matching ``filters`` (parameter → cleaned values, as EventFilterSet's
-        form gives them: a repeated value ORs, parameters AND) received within the window."""
+        form gives them: a repeated value ORs, parameters AND) received within the window.
+        The events being in time order, the window is a slice: a zoomed query tests only the
+        events inside it."""
+        start = int(np.searchsorted(self.received, microseconds(since), "left")) if since else 0
+        stop = int(np.searchsorted(self.received, microseconds(until), "right")) if until \
+            else self.events
+        stop = max(start, stop)
         signatures: np.ndarray | None = None  # which signatures match
         for name, values in filters.items():
             if not values:
@@ -312,13 +327,9 @@ class ColumnIndex:
             known = self._codes[field]
             match = np.isin(self._fields[field], [known[v] for v in values if v in known])
             signatures = match if signatures is None else (signatures & match)
-        mask = None if signatures is None else signatures[self.signature]
-        for condition in ((self.received >= microseconds(since)) if since else None,
-                          (self.received <= microseconds(until)) if until else None):
-            if condition is not None:
-                mask = condition if mask is None else (mask & condition)
-        count = self.events if mask is None else int(np.count_nonzero(mask))
-        return Window(mask, count)
+        mask = None if signatures is None else signatures[self.signature[start:stop]]
+        count = stop - start if mask is None else int(np.count_nonzero(mask))
+        return Window(mask, count, start, stop)
 
     def lane_counts(self, window: Window, group: str, *, since: datetime | None = None,
                     until: datetime | None = None, bins: int = HEATMAP_BINS,
@@ -330,9 +341,8 @@ class ColumnIndex:
             return None
         if max_lanes is None:  # the database's limit, read now (tests change it)
             max_lanes = aggregate.HEATMAP_LANES
-        received, signature = self.received, self.signature
-        if window.mask is not None:
-            received, signature = received[window.mask], signature[window.mask]
+        received = self.selected(self.received, window)
+        signature = self.selected(self.signature, window)
         first_us, last_us = int(received.min()), int(received.max())
         first = EPOCH + timedelta(microseconds=first_us)
         last = EPOCH + timedelta(microseconds=last_us)

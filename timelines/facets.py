@@ -123,8 +123,7 @@ class IndexSelection:
 
     def histogram(self, bins: Bins) -> dict[str, list[int]]:
         names, series = self._signature_series()
-        signature = self.index.signature if self.window.mask is None else \
-            self.index.signature[self.window.mask]
+        signature = self.index.selected(self.index.signature, self.window)
         column = (self.times() - microseconds(bins.start)) // (bins.width // timedelta(
             microseconds=1))
         cells = np.bincount(column * len(names) + series[signature],

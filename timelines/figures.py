@@ -17,6 +17,7 @@ lanes are drawn, the others summed into one ``OTHER_LANES`` row.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -45,10 +46,17 @@ MUTATIONS = {
     "delete": ("deleted", "x", "#b91c1c"),
 }
 LIFESPAN_COLOUR = "rgba(100, 116, 139, 0.35)"
-# White for none, then light to dark blue, with most of the range spent on small counts: a lane
-# of 40 events must stay visible next to one of 40,000 (the colour bar gives the numbers).
-HEATMAP_COLOURSCALE = [[0, "#ffffff"], [1e-9, "#eff6ff"], [0.01, "#bfdbfe"], [0.05, "#60a5fa"],
-                       [0.25, "#2563eb"], [1, "#172554"]]
+# Light to dark blue over the decimal logarithm of a cell's count (an empty cell is not drawn):
+# a lane of 5 events per cell stays visible beside one of 7,000, where a linear scale washed it
+# to white. A single event is already a colour of its own, not a shade of white.
+HEATMAP_COLOURSCALE = [[0, "#bfdbfe"], [0.35, "#60a5fa"], [0.65, "#2563eb"], [1, "#172554"]]
+# The figure shows at most this many lanes at once (about 18 px each); the page pages through
+# more with the y range (static/js/timeline.js), so that labels never print over each other.
+LANES_PER_PAGE = 40
+LANE_PX = 18
+# Lane labels longer than this are shortened in the middle (the resource and the object's name
+# stay readable); the figure's ``lanes`` keeps the full names, which the page shows on hover.
+LABEL_CHARS = 44
 # The shortest bar is this share of the window (about 2 px of a 1,000 px plot): a 1 ms request
 # in a 30 min window would otherwise be narrower than a pixel and not drawn at all. The hover
 # text gives the true duration.
@@ -305,16 +313,9 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
                                            strings)
         data = [*lives, *data, *markers]  # lifespans beneath the requests, markers over them
     names = list(lanes)
-    layout = {
-        "height": _height(len(names)),
-        "margin": {"l": 260, "r": 20, "t": 20, "b": 40},
-        "xaxis": {"type": "date", "title": {"text": "time (UTC)"}},
-        "yaxis": {"tickmode": "array", "tickvals": list(range(len(names))),
-                  "ticktext": names, "autorange": "reversed", "automargin": True},
-        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom"},
-        "hovermode": "closest",
-        "dragmode": "zoom",
-    }
+    layout = _layout(names, yaxis={"tickmode": "array", "tickvals": list(range(len(names))),
+                                   "ticktext": [short_label(name) for name in names]})
+    layout["hovermode"] = "closest"
     if left is not None and right is not None and right > left:
         layout["xaxis"]["range"] = [(window_start or _moment(left)).isoformat(),
                                     (window_end or _moment(right)).isoformat()]
@@ -322,9 +323,40 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         "data": data,
         "layout": layout,
         "labels": list(strings),
+        "lanes": names,
         "meta": {"mode": "gantt", "spans": len(bars), "lanes": len(names), "total": len(bars),
+                 "lanes_per_page": LANES_PER_PAGE,
                  "range": None if first is None else _range(_moment(first), _moment(last))},
     }
+
+
+def _layout(names: list[str], *, yaxis: dict) -> dict:
+    """The layout both figures share: the first ``LANES_PER_PAGE`` lanes shown, top down (the
+    page pages through the others), ``LANE_PX`` each; labels sized by plotly
+    (``automargin``), so that the plot keeps the rest of the width; the legend under the time
+    axis, where it covers neither the lanes nor the markers the page draws above the plot
+    (annotations, sequence steps)."""
+    shown = min(len(names), LANES_PER_PAGE)
+    return {
+        "height": _height(shown),
+        "margin": {"l": 8, "r": 16, "t": 28, "b": 8},
+        "xaxis": {"type": "date", "automargin": True,
+                  "title": {"text": "time (UTC)", "standoff": 6}},
+        "yaxis": {**yaxis, "range": [max(shown, 1) - 0.5, -0.5], "autorange": False,
+                  "automargin": True, "zeroline": False},
+        "legend": {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
+                   "x": 0, "xanchor": "left"},
+        "dragmode": "zoom",
+    }
+
+
+def short_label(name: str, limit: int = LABEL_CHARS) -> str:
+    """A lane's name shortened in the middle to ``limit`` characters, keeping more of its end
+    (an object's name) than of its start (the resource)."""
+    if len(name) <= limit:
+        return name
+    head = (limit - 1) * 2 // 5
+    return f"{name[:head]}…{name[len(name) - (limit - 1 - head):]}"
 
 
 def _bar_trace(traces: dict[tuple[str, bool, str], dict], kind: str, name: str, hue: str,
@@ -467,23 +499,36 @@ def count_lanes(spans: Iterable[Span], group: str, bins: Bins, *, first: datetim
 
 def build_heatmap_figure(counts: LaneCounts) -> dict:
     """A lane × time heatmap of ``counts``, for windows with more events than bars can carry.
-    Compact: the x axis is ``x0`` (centre of the first bin) plus ``dx`` milliseconds per bin,
-    not one time string per bin."""
+    ``customdata`` holds the counts (``z[row][bin]``, what the hover text says); ``z`` their
+    decimal logarithm, rounded to 0.001 (None for an empty cell, which is not drawn), which the
+    colour scale and its bar (labelled in counts: 1, 10, 100 …) follow. Compact: the x axis is
+    ``x0`` (centre of the first bin) plus ``dx`` milliseconds per bin, not one time string per
+    bin."""
     bins = counts.bins
     width_ms = bins.width / timedelta(milliseconds=1)
     end = bins.start + bins.width * bins.count
+    busiest = max((n for row in counts.z for n in row), default=0)
+    decades = range(int(math.log10(busiest)) + 1 if busiest else 1)
+    layout = _layout(counts.lanes, yaxis={
+        "type": "category", "tickmode": "array", "tickvals": counts.lanes,
+        "ticktext": [short_label(lane) for lane in counts.lanes]})
+    layout["xaxis"]["range"] = [bins.start.isoformat(), end.isoformat()]
     return {
         "data": [{"type": "heatmap", "x0": (bins.start + bins.width / 2).isoformat(),
-                  "dx": width_ms, "y": counts.lanes, "z": counts.z,
+                  "dx": width_ms, "y": counts.lanes, "customdata": counts.z,
+                  "z": [[round(math.log10(n), 3) if n else None for n in row]
+                        for row in counts.z],
                   "colorscale": HEATMAP_COLOURSCALE, "zmin": 0,
-                  "hovertemplate": "%{y}<br>%{x}<br>%{z} events<extra></extra>"}],
-        "layout": {"height": _height(len(counts.lanes)),
-                   "margin": {"l": 260, "r": 20, "t": 20, "b": 40},
-                   "xaxis": {"type": "date", "title": {"text": "time (UTC)"},
-                             "range": [bins.start.isoformat(), end.isoformat()]},
-                   "yaxis": {"type": "category", "autorange": "reversed", "automargin": True},
-                   "dragmode": "zoom"},
+                  "zmax": max(math.log10(busiest), 1) if busiest else 1,
+                  "hoverongaps": False,
+                  "colorbar": {"title": {"text": "events", "side": "top"}, "thickness": 10,
+                               "len": 0.8, "outlinewidth": 0, "tickvals": list(decades),
+                               "ticktext": [f"{10 ** d:,}" for d in decades]},
+                  "hovertemplate": "%{y}<br>%{x}<br>%{customdata} events<extra></extra>"}],
+        "layout": layout,
+        "lanes": counts.lanes,
         "meta": {"mode": "heatmap", "spans": counts.total, "total": counts.total,
+                 "lanes_per_page": LANES_PER_PAGE,
                  "lanes": counts.distinct_lanes, "lanes_shown": len(counts.lanes),
                  "other_lanes": counts.folded, "bins": bins.count, "bin_ms": width_ms,
                  "range": _range(counts.first, counts.last)},
@@ -552,7 +597,9 @@ def _clock(second: int) -> str:
 
 
 def _height(lanes: int) -> int:
-    return max(260, min(40 + 18 * lanes, 4000))
+    """The figure's height for ``lanes`` lanes shown: ``LANE_PX`` each, plus the room of the
+    top margin (markers), the time axis, its title and the legend."""
+    return max(260, 150 + LANE_PX * lanes)
 
 
 def _range(first: datetime | None, last: datetime | None) -> list[str] | None:

@@ -171,8 +171,9 @@ document.addEventListener("DOMContentLoaded", () => {
                                           arrowcolor: MARK, ax: -12, ay: -16}));
         continue;
       }
-      // no lane for it in this figure (a range, a heatmap, another lane grouping): the top
-      notes.push(Object.assign(marker, {yref: "paper", y: 1, yanchor: "top", xanchor: "left",
+      // no lane for it in this figure (a range, a heatmap, another lane grouping): above the
+      // plot (its top margin), where it covers no lane
+      notes.push(Object.assign(marker, {yref: "paper", y: 1, yanchor: "bottom", xanchor: "left",
                                         showarrow: false}));
       if (a.event === null && a.end) {
         shapes.push({type: "rect", name: "note:" + a.id, xref: "x", yref: "paper",

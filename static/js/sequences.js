@@ -212,7 +212,8 @@ document.addEventListener("DOMContentLoaded", () => {
         numbers.push(Object.assign(marker, {yref: "y", y: lane, showarrow: true, arrowhead: 0,
                                             arrowcolor: COLOUR, ax: 12, ay: -16}));
       } else {
-        numbers.push(Object.assign(marker, {yref: "paper", y: 1, yanchor: "top",
+        // above the plot (its top margin), where it covers no lane
+        numbers.push(Object.assign(marker, {yref: "paper", y: 1, yanchor: "bottom",
                                             showarrow: false}));
         shapes.push({type: "line", name: "step:" + step.id, xref: "x", yref: "paper",
                      x0: x, x1: x, y0: 0, y1: 1, line: {color: COLOUR, width: 1, dash: "dot"}});

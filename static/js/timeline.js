@@ -35,6 +35,9 @@
   let figureShapes = [];     // shapes of the figure itself, kept under the highlight
   let figureAnnotations = [];  // and its annotations, kept under the overlays' (hooks below)
   let plotted = false;
+  let laneNames = [];        // the figure's lanes, full names (its tick labels may be shortened)
+  let lanesPerPage = 0;      // how many lanes the plot shows at once
+  let firstLane = 0;         // the first lane shown: the plot pages through many lanes
   let drawing = null;        // AbortController of the figure request in flight
   let tableRequest = null;   // and of the table's
   let selecting = 0;         // the latest selection wins when answers cross
@@ -168,6 +171,10 @@
 
   function highlight() {
     box.dataset.selected = selected ? selected.id : "";
+    const lane = selected && plotted ? laneOf(selected.id, box.data) : null;
+    if (lane !== null && (lane < firstLane || lane >= firstLane + lanesPerPage)) {
+      showLanes(lane - 2);  // the selection's lane, with two lanes above it for context
+    }
     if (plotted) {
       Plotly.relayout(box, {shapes: figureShapes.concat(overlaid("shapes"),
                                                         highlightShapes(box.data)),
@@ -199,6 +206,20 @@
     const layout = figure.layout || {};
     layout.xaxis = Object.assign({}, layout.xaxis);
     layout.yaxis = Object.assign({}, layout.yaxis, {fixedrange: true});  // a drag picks time only
+    // The same lanes stay in view when they are in the new figure too (a new window, colour).
+    const shownLane = laneNames[firstLane];
+    laneNames = figure.lanes || [];
+    lanesPerPage = Math.min(meta.lanes_per_page || laneNames.length, laneNames.length);
+    firstLane = Math.max(0, laneNames.indexOf(shownLane));
+    const selectedLane = selected ? laneOf(selected.id, figure.data) : null;
+    if (selectedLane !== null &&
+        (selectedLane < firstLane || selectedLane >= firstLane + lanesPerPage)) {
+      firstLane = Math.max(0, selectedLane - 2);
+    }
+    if (laneNames.length > lanesPerPage) {
+      firstLane = Math.min(firstLane, laneNames.length - lanesPerPage);
+      layout.yaxis.range = laneRange();
+    }
     layout.dragmode = "zoom";
     const since = params.get("since");
     const until = params.get("until");
@@ -228,6 +249,7 @@
       plotted = true;
       box.on("plotly_click", onClick);
       box.on("plotly_relayout", onRelayout);
+      box.on("plotly_afterplot", nameLabels);
       // a click on an overlay's marker (a plotly annotation): its layer reads the name
       box.on("plotly_clickannotation", (data) => {
         const name = data && data.annotation && data.annotation.name;
@@ -236,6 +258,8 @@
     }
     box.dataset.mode = meta.mode || "gantt";
     box.dataset.selected = selected ? selected.id : "";
+    nameLabels();
+    showPager();
     status.textContent = meta.mode === "heatmap"
       ? meta.total + " events: counts per lane and time (drag a narrower window or filter to " +
         "see each one)"
@@ -250,6 +274,45 @@
     lanes = null;
     box.dispatchEvent(new CustomEvent("hindsight:figure-drawn", {detail: meta}));
     box.dataset.drawn = String(Number(box.dataset.drawn || 0) + 1);  // a finished draw
+  }
+
+  // --- lanes: paging through many, full names on the labels ----------------------------------
+
+  function laneRange() {
+    return [firstLane + lanesPerPage - 0.5, firstLane - 0.5];  // top down
+  }
+
+  // Show the page of lanes that starts at `first` (kept within the lanes).
+  function showLanes(first) {
+    const last = Math.max(0, laneNames.length - lanesPerPage);
+    const wanted = Math.max(0, Math.min(Math.round(first), last));
+    if (wanted === firstLane || laneNames.length <= lanesPerPage) return;
+    firstLane = wanted;
+    if (plotted) Plotly.relayout(box, {"yaxis.range": laneRange()});
+    showPager();
+  }
+
+  function showPager() {
+    const pager = $("lane-pager");
+    if (!pager) return;
+    pager.hidden = laneNames.length <= lanesPerPage;
+    $("lane-range").textContent = (firstLane + 1) + "–" +
+      Math.min(firstLane + lanesPerPage, laneNames.length);
+    $("lane-count").textContent = laneNames.length;
+    $("lanes-up").disabled = firstLane === 0;
+    $("lanes-down").disabled = firstLane + lanesPerPage >= laneNames.length;
+  }
+
+  // Each lane label (shortened when long) tells its lane's full name on hover.
+  function nameLabels() {
+    for (const tick of box.querySelectorAll(".ytick")) {
+      const name = tick.__data__ ? laneNames[Math.round(tick.__data__.x)] : undefined;
+      const text = tick.querySelector("text");
+      if (name === undefined || !text) continue;
+      let title = text.querySelector("title");
+      if (!title) title = text.appendChild(document.createElementNS(text.namespaceURI, "title"));
+      title.textContent = name;
+    }
   }
 
   function onClick(data) {
@@ -451,6 +514,8 @@
   });
 
   $("window-reset").addEventListener("click", resetWindow);
+  $("lanes-up").addEventListener("click", () => showLanes(firstLane - lanesPerPage));
+  $("lanes-down").addEventListener("click", () => showLanes(firstLane + lanesPerPage));
   $("find-next").addEventListener("click", () => {
     if (findInput.value.trim()) step("next", findInput.value.trim()); else findInput.focus();
   });

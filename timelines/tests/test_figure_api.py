@@ -208,7 +208,7 @@ def test_beyond_max_spans_the_database_counts_a_heatmap_with_its_lanes_capped(
     trace = figure["data"][0]
     assert trace["type"] == "heatmap"
     assert trace["y"] == expected.lanes and trace["y"][-1] == OTHER_LANES
-    assert trace["z"] == expected.z
+    assert trace["customdata"] == expected.z
     assert figure["meta"]["total"] == figure["meta"]["spans"] == len(rows)  # nothing truncated
     assert figure["meta"]["lanes"] == expected.distinct_lanes
     assert figure["meta"]["lanes_shown"] == 7
@@ -396,7 +396,7 @@ def test_sqlite_counts_the_heatmap_in_python_without_truncating(client_of, owner
     expected = _python_counts(Event.objects.filter(incident=incident), "actor", max_lanes=50)
     assert figure["meta"]["mode"] == "heatmap"
     assert figure["meta"]["total"] == len(rows)
-    assert figure["data"][0]["z"] == expected.z
+    assert figure["data"][0]["customdata"] == expected.z
 
 
 @pytest.mark.embedded

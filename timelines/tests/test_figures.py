@@ -8,6 +8,8 @@ import orjson
 import pytest
 
 from timelines.figures import (
+    LABEL_CHARS,
+    LANES_PER_PAGE,
     MIN_BAR_SHARE,
     OTHER_LANES,
     Bar,
@@ -20,6 +22,7 @@ from timelines.figures import (
     hover_texts,
     microseconds,
     object_lifespans,
+    short_label,
 )
 
 T0 = datetime(2024, 2, 1, 10, 0, tzinfo=UTC)
@@ -160,6 +163,7 @@ def test_unknown_grouping_is_refused():
 def test_the_meta_says_mode_spans_lanes_total_and_the_time_range():
     figure = build_gantt_figure([_span(1, start=3, end=9), _span(2, start=1, name="api")])
     assert figure["meta"] == {"mode": "gantt", "spans": 2, "lanes": 2, "total": 2,
+                              "lanes_per_page": LANES_PER_PAGE,
                               "range": [_at(1).isoformat(), _at(3).isoformat()]}
     assert build_gantt_figure([])["meta"]["range"] is None
 
@@ -313,8 +317,62 @@ def test_the_heatmap_figure_is_compact_and_says_what_was_folded():
     assert trace["type"] == "heatmap" and "x" not in trace
     assert (trace["x0"], trace["dx"]) == (_at(1).isoformat(), 2000)  # centre of bin 0, ms
     assert trace["y"] == ["a", "b", OTHER_LANES]
-    assert trace["z"] == [[2, 0, 0], [0, 0, 1], [0, 1, 0]]
+    assert trace["customdata"] == [[2, 0, 0], [0, 0, 1], [0, 1, 0]]
+    # colours follow the decimal logarithm of a count; an empty cell is not drawn
+    assert trace["z"] == [[0.301, None, None], [None, None, 0.0], [None, 0.0, None]]
     assert figure["layout"]["xaxis"]["range"] == [_at(0).isoformat(), _at(6).isoformat()]
     assert figure["meta"] == {"mode": "heatmap", "spans": 4, "total": 4, "lanes": 3,
+                              "lanes_per_page": LANES_PER_PAGE,
                               "lanes_shown": 3, "other_lanes": 1, "bins": 3, "bin_ms": 2000,
                               "range": [_at(0).isoformat(), _at(5).isoformat()]}
+
+
+# --- lanes on the page ----------------------------------------------------------------------------
+
+def test_a_long_lane_name_is_shortened_in_the_middle_and_kept_whole_in_lanes():
+    long = "pods/openshift-machine-config-operator/machine-config-daemon-7xkqz-canary-2"
+    assert short_label("pods/shop/web") == "pods/shop/web"
+    short = short_label(long)
+    assert len(short) == LABEL_CHARS and "…" in short
+    head, tail = short.split("…")
+    assert long.startswith(head) and long.endswith(tail) and len(tail) > len(head)
+
+    spans = [_span(n, start=n, name=f"{long}-{n}" if n % 2 else f"web-{n}") for n in range(100)]
+    figure = build_gantt_figure(spans)
+
+    names = [f"deployments/shop/{s.name}" for s in spans]
+    assert figure["lanes"] == names
+    assert figure["layout"]["yaxis"]["ticktext"] == [short_label(n) for n in names]
+    assert all(len(t) <= LABEL_CHARS for t in figure["layout"]["yaxis"]["ticktext"])
+
+
+def test_the_first_page_of_many_lanes_is_shown_at_a_readable_height():
+    few = build_gantt_figure([_span(n, start=n, name=f"web-{n}") for n in range(3)])
+    many = build_gantt_figure([_span(n, start=n, name=f"web-{n}") for n in range(250)])
+
+    assert few["layout"]["yaxis"]["range"] == [2.5, -0.5]  # top down, every lane
+    assert many["layout"]["yaxis"]["range"] == [LANES_PER_PAGE - 0.5, -0.5]
+    assert many["meta"]["lanes"] == 250 and many["meta"]["lanes_per_page"] == LANES_PER_PAGE
+    # the height holds a page of lanes, whatever their number: at least 16 px a lane
+    layout = many["layout"]
+    plot_height = layout["height"] - layout["margin"]["t"] - 110  # axis, title, legend
+    assert plot_height / LANES_PER_PAGE >= 16
+    assert many["layout"]["height"] == build_gantt_figure(
+        [_span(n, start=n, name=f"web-{n}") for n in range(900)])["layout"]["height"]
+    # the legend sits under the time axis, outside the plot, and lane 0 has no zero line
+    assert layout["legend"]["yref"] == "container" and layout["legend"]["y"] == 0
+    assert layout["yaxis"]["zeroline"] is False
+
+
+def test_the_heatmap_colour_bar_is_labelled_in_counts_by_decade():
+    bins = Bins(T0, timedelta(seconds=1), 2)
+    counts = fold_lanes([("hot", [0, 1], [7000, 6500]), ("quiet", [0], [5])], bins,
+                        first=_at(0), last=_at(1))
+
+    trace = build_heatmap_figure(counts)["data"][0]
+
+    assert trace["colorbar"]["ticktext"] == ["1", "10", "100", "1,000"]
+    assert trace["colorbar"]["tickvals"] == [0, 1, 2, 3]
+    assert trace["zmax"] == pytest.approx(3.845, abs=0.001)
+    # the quiet lane's 5 events are a quarter of the way up the colour scale, not white
+    assert trace["z"][1][0] / trace["zmax"] > 0.15

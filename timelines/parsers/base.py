@@ -6,6 +6,7 @@ without a database.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import io
 import zlib
@@ -139,6 +140,33 @@ def feed_lines(parser: LineParser, lines: Iterable[bytes], counter: CountingRead
                                 parser.finish, counter, progress))
 
 
+class Evidence(Protocol):
+    """The other evidence of a file's incident, dated with years of its own: what
+    ``years.nearest_year`` needs to give a year to a log whose lines carry none."""
+
+    def span(self) -> tuple[datetime, datetime] | None:
+        """The first and last time of the evidence; None when there is none."""
+
+    def nearest(self, when: datetime) -> datetime:
+        """The time of the evidence nearest to ``when`` (only called when ``span`` is not None)."""
+
+
+class TimesEvidence:
+    """``Evidence`` as a list of times in memory (tests, small callers); the ingest's own reads
+    the database (``timelines.ingest.years.IncidentEvidence``)."""
+
+    def __init__(self, times: Iterable[datetime]) -> None:
+        self.times = sorted(times)
+
+    def span(self) -> tuple[datetime, datetime] | None:
+        return (self.times[0], self.times[-1]) if self.times else None
+
+    def nearest(self, when: datetime) -> datetime:
+        at = bisect.bisect_left(self.times, when)
+        near = self.times[max(at - 1, 0):at + 1]
+        return min(near, key=lambda time: abs(time - when))
+
+
 @dataclass(frozen=True)
 class ParseHints:
     """What the surroundings of a file tell its parser: the bundle layout (component, node), or
@@ -151,6 +179,33 @@ class ParseHints:
     # When the bundle was collected: the logs end before it, which settles the year of a log
     # that runs across New Year.
     collected: datetime | None = None
+    # The rest of the file's incident, when neither the file nor the fields above give a year:
+    # the year that puts the first date nearest to it (``years.nearest_year``). Given by the
+    # ingest pipeline, never stored with the upload's hints.
+    evidence: Evidence | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class YearGuess:
+    """A file's year that was guessed, not read: from its incident's other evidence or the clock
+    (``years.YearInference``), because neither the file nor its hints gave one. The ingest keeps
+    it with the upload (``as_json``) and moves the file's rows by whole years when the rest of
+    the incident says otherwise (``timelines.ingest.years.settle_years``)."""
+
+    first: datetime  # the first yearless date, in the year now given to the file
+    line: int  # its line
+    what: str  # the dates in question, as notes name them ("the klog headers, which carry none")
+    note: int  # the index in ``Report.notes`` of the note that says how the year was chosen
+    parsed_year: int  # the year the parser gave ``first``
+
+    def as_json(self) -> dict:
+        return {"first": self.first.isoformat(), "line": self.line, "what": self.what,
+                "note": self.note, "parsed_year": self.parsed_year}
+
+    @classmethod
+    def from_json(cls, value: dict) -> YearGuess:
+        return cls(datetime.fromisoformat(value["first"]), int(value["line"]), str(value["what"]),
+                   int(value["note"]), int(value["parsed_year"]))
 
 
 @dataclass
@@ -166,6 +221,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # Set when reading stopped early (truncated gzip): the rows before it were yielded.
     truncated: bool = False
+    # Set when the year of the file's dates was guessed rather than read (see ``YearGuess``).
+    year_guess: YearGuess | None = None
 
     def skip(self, line: int, reason: str) -> None:
         self.skipped += 1

@@ -17,13 +17,17 @@ entry has no time: it is skipped and recorded.
 
 The year: a klog header has none. In order of preference it comes from the full timestamp of the
 runtime prefix on the same line; a full date found in the first 64 KiB of the file (the start of
-an apiserver trace, ``(14-Jul-2021 06:27:06.063)``); a collection time in the hints, if
-``ParseHints`` carries one (``collected``: the latest year that does not put the first entry after
-it); ``hints.year`` (with ``hints.year_reason``), taken as the year of the first entry; else the
-current year, or the one before when the current one would put the first entry in the future.
-Months that go from December to January advance the year (and back again, for files that
-concatenate logs out of order). ``report.notes`` says which rule chose the year and where it
-changed. Header times carry no zone and are read as UTC; behind a runtime prefix, a header that is
+an apiserver trace, ``(14-Jul-2021 06:27:06.063)``); the bundle's collection time in the hints
+(``collected``: the latest year that does not put the first entry after it); ``hints.year`` (with
+``hints.year_reason``), taken as the year of the first entry; the incident's other evidence
+(``hints.evidence``, given by the ingest: the year that puts the first entry nearest to it, see
+``years.nearest_year``); else the current year, or the latest before it that does not put the
+first entry in the future. The last two are guesses, reported in ``report.year_guess``: the
+ingest moves the file's rows by whole years when the incident's uploads have all finished, if the
+rest of the incident then gives another year (``timelines.ingest.years``). Months that go from
+December to January advance the year (and back again, for files that concatenate logs out of
+order). ``report.notes`` says which rule chose the year and where it changed (``years``). Header
+times carry no zone and are read as UTC; behind a runtime prefix, a header that is
 off the runtime's UTC time by more than 10 minutes (a process in a local zone) is moved by that
 offset, rounded to 15 minutes, and a note says so.
 
@@ -64,6 +68,7 @@ from .base import (
     parse_time,
 )
 from .redact import URI_SECRET, Redactor, redact_strings
+from .years import YearInference
 
 SEVERITY = {"I": "info", "W": "warning", "E": "error", "F": "fatal"}
 # Lmmdd hh:mm:ss.uuuuuu threadid file:line] — the thread id is padded with spaces; some klog
@@ -116,7 +121,6 @@ MAX_ENTRY_CHARS = 1 << 20
 MAX_TRACE_STEPS = 500
 MAX_OPEN_TRACES = 1024
 MAX_RECENT_KEYS = 16384
-MAX_YEAR_NOTES = 5
 PREFIX_SKEW = timedelta(minutes=10)
 HALF_YEAR = timedelta(days=183)
 # Behind a runtime prefix, a line without a klog header continues the entry before it only when
@@ -152,126 +156,6 @@ def sniff_lines(head: bytes, limit: int = SNIFF_LINES) -> list[str]:
     if len(head) >= HEAD_BYTES and len(lines) > 1:
         lines = lines[:-1]
     return [line.rstrip("\r") for line in lines if line.strip()][:limit]
-
-
-class YearInference:
-    """Gives a year to dates that lack one and records in ``report.notes`` how it was chosen.
-
-    Evidence, strongest first: ``anchor`` (a full date on the line being read, such as a runtime
-    timestamp), ``last_date`` (the last date of what follows, as a journal header gives it),
-    ``early_date`` (a full date seen early in the file, such as a trace start), a collection time
-    in the hints (``collected``, when ``ParseHints`` has it), ``hints.year`` (the year of the first
-    date), and last the current year (the previous one if the current one would put the first date
-    in the future). ``date`` builds a datetime from month, day and clock and moves the year when the
-    months jump by half a year or more (December → January advances it, January → December sets it
-    back). ``what`` names the yearless dates in notes.
-    """
-
-    def __init__(self, report: Report, hints: ParseHints | None, what: str,
-                 now: datetime | None = None) -> None:
-        self.report = report
-        self.hints = hints or ParseHints()
-        self.what = what
-        self.now = now
-        self.year: int | None = None
-        self.month: int | None = None
-        self.evidence: tuple[datetime, str] | None = None
-        self.last: tuple[datetime, str] | None = None
-        self.changes = 0
-
-    def anchor(self, when: datetime, reason: str | None = None) -> None:
-        """A date with a year in the file; ``reason`` (where it was found) is noted when the year
-        it gives differs from the year in use."""
-        if reason and when.year != self.year:
-            self._note(f"year {when.year} for {self.what}: {reason}")
-        self.year = when.year
-        self.month = when.month
-
-    def last_date(self, when: datetime, reason: str) -> None:
-        """The latest date of the lines that follow (a journal's "end at"): the next yearless date
-        takes its year, or the one before when its month and day come later in the year."""
-        self.last = (when, reason)
-
-    def early_date(self, when: datetime, reason: str) -> None:
-        """A full date seen early in the file (a trace start) that gives the year of the first
-        yearless date, if no anchor comes before it; preferred to hints."""
-        if self.evidence is None:
-            self.evidence = (when, reason)
-
-    def date(self, month: int, day: int, hour: int, minute: int, second: int, micro: int,
-             line: int) -> datetime:
-        """The full date; raises ValueError for an impossible one (month 13, 30 February)."""
-        if not 1 <= month <= 12:
-            raise ValueError(f"month {month:02d} does not exist")
-        if self.last is not None:
-            last, reason = self.last
-            self.last = None
-            year = last.year - (1 if (month, day) > (last.month, last.day) else 0)
-            if year != self.year:
-                self._note(f"year {year} for {self.what}: {reason}")
-            self.year, self.month = year, month
-        elif self.year is None:
-            self._choose(month, day, line)
-        if self.month is not None and abs(month - self.month) >= 6:
-            previous = self.month
-            self.year += 1 if month < previous else -1
-            self.changes += 1
-            if self.changes <= MAX_YEAR_NOTES:
-                self._note(f"year {'advanced' if month < previous else 'set back'} to {self.year} "
-                           f"at line {line}, where the months go from {previous:02d} to "
-                           f"{month:02d}")
-        self.month = month
-        assert self.year is not None
-        return datetime(self.year, month, day, hour, minute, second, micro, tzinfo=UTC)
-
-    def finish(self) -> None:
-        if self.changes > MAX_YEAR_NOTES:
-            self._note(f"the year changed {self.changes} times in all (only the first "
-                       f"{MAX_YEAR_NOTES} are listed)")
-
-    def _choose(self, month: int, day: int, line: int) -> None:
-        if self.evidence is not None:
-            when, reason = self.evidence
-            self.anchor(when, reason)
-            return
-        # A collection time is an upper bound, better than a bare year: a log that runs from
-        # December into January and was collected in January starts in the year before. Read
-        # with getattr so that ParseHints can gain the field without a change here.
-        collected = getattr(self.hints, "collected", None)
-        if isinstance(collected, datetime):
-            if collected.tzinfo is None:
-                collected = collected.replace(tzinfo=UTC)
-            self.year = _latest_year(month, day, collected)
-            reason = self.hints.year_reason or f"collected {collected:%Y-%m-%d}"
-            self._note(f"year {self.year} for {self.what}: the latest that does not put the first "
-                       f"date (line {line}, {month:02d}-{day:02d}) after the collection time "
-                       f"({reason})")
-            return
-        if self.hints.year:
-            self.year = self.hints.year
-            reason = self.hints.year_reason or "given with the upload"
-            self._note(f"year {self.year} for {self.what}: {reason}")
-            return
-        now = self.now or datetime.now(UTC)
-        self.year = _latest_year(month, day, now)
-        if self.year != now.year:
-            self._note(f"year {self.year} for {self.what}: assumed, as neither the file nor the "
-                       f"upload gives one; the previous year, because {now.year} would put the "
-                       f"first date (line {line}, {month:02d}-{day:02d}) in the future")
-        else:
-            self._note(f"year {self.year} for {self.what}: assumed to be the current year, as "
-                       f"neither the file nor the upload gives one")
-
-    def _note(self, text: str) -> None:
-        self.report.notes.append(text)
-
-
-def _latest_year(month: int, day: int, bound: datetime) -> int:
-    """The year that puts month-day at or before ``bound`` (a day of slack for time zones), as
-    late as possible."""
-    if datetime(bound.year, month, min(day, 28), tzinfo=UTC) > bound + timedelta(days=1):
-        return bound.year - 1
-    return bound.year
 
 
 class KeyMaker:

@@ -24,7 +24,7 @@ else a component named by the file name; ``node`` is the journal's host, else ``
 ``ERROR``/``WARN``/``INFO`` word, etcd's ``E |``), else "".
 
 The year of the ``short`` format and of klog headers is inferred as in ``klog`` (see
-``klog.YearInference``), with one more source: a journal header's ``end at <date>`` gives the year
+``years.YearInference``), with one more source: a journal header's ``end at <date>`` gives the year
 of the lines after it. ``report.notes`` says which rule chose it. Times without a zone are read
 as UTC (noted).
 
@@ -61,13 +61,13 @@ from .klog import (
     SEVERITY,
     Entry,
     KeyMaker,
-    YearInference,
     guess_component,
     micros,
     redact_values,
     sniff_lines,
 )
 from .redact import Redactor
+from .years import YearInference
 
 MONTH = r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 SYSLOG_TIME = rf"{MONTH} +(\d{{1,2}}) (\d\d):(\d\d):(\d\d)(?:\.(\d{{1,9}}))?"

@@ -31,10 +31,11 @@ def open_share_link(request, key: str):
 
 
 def view_url(link: ShareLink) -> str:
-    """The incident page with the link's saved view: its query, plus ``sequence=<id>``."""
+    """The incident page with the link's saved view: its query, plus ``sequence=<id>``, opened
+    at the timeline (``#timeline``), which is what the link was made to show."""
     view = link.view or {}
     query = QueryDict(view.get("query", ""), mutable=True)
     if view.get("sequence"):
         query["sequence"] = str(view["sequence"])
     url = reverse("incidents:detail", args=[link.incident_id])
-    return f"{url}?{query.urlencode()}" if query else url
+    return f"{url}?{query.urlencode()}#timeline" if query else f"{url}#timeline"

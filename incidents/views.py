@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from timelines.figures import KIND_COLOURS, OUTCOME_COLOURS
 from timelines.filters import EventFilterSet
 from timelines.models import Event
 from timelines.tasks import requeue_stale_uploads
@@ -30,9 +31,9 @@ FILTER_INPUTS = ["q", "kind", "resource", "subresource", "namespace", "name", "u
                  "impersonated_user", "verb", "code", "reason", "node", "source"]
 FILTER_LABELS = {"q": "Text", "impersonated_user": "As user", "source": "Source file"}
 # Parameters of the page that are not event filters: the table's cursor, the Gantt's lanes and
-# colour, the selected event, the chosen sequence, and the table-only request of the timeline
-# script.
-VIEW_PARAMS = ("after", "lanes", "colour", "event", "sequence", "partial")
+# colour, the selected event, the chosen sequence, the table-only request of the timeline
+# script, and ``window=all`` (the whole span chosen over the suggested first window).
+VIEW_PARAMS = ("after", "lanes", "colour", "event", "sequence", "partial", "window")
 
 
 @login_required
@@ -106,11 +107,16 @@ def incident_detail(request, pk):
     for upload in uploads:
         upload.bundle = bundles.get(upload.pk)
     shown = {*FILTER_INPUTS, "since", "until"}
+    any_running = any(not u.finished for u in uploads)
+    any_failed = any(u.status == Upload.Status.FAILED for u in uploads)
     return render(request, "incidents/detail.html", {
         "incident": incident,
         "uploads": uploads,
-        "any_running": any(not u.finished for u in uploads),
-        "any_failed": any(u.status == Upload.Status.FAILED for u in uploads),
+        "any_running": any_running,
+        "any_failed": any_failed,
+        # while uploads run or have failed, the finished ones are folded away behind "show all"
+        "fold_settled": (any_running or any_failed) and any(
+            u.finished and u.status != Upload.Status.FAILED for u in uploads),
         "status_counts": sorted(Counter(u.status for u in uploads).items()),
         "can_upload": can_upload(request.user, incident),
         # annotate, build sequences, share: the page shows these controls to writers only
@@ -129,6 +135,8 @@ def incident_detail(request, pk):
         "gantt_groups": [("object", "object"), ("actor", "actor"), ("user_agent", "user agent"),
                          ("source", "source file")],
         "gantt_colours": [("verb", "verb"), ("outcome", "outcome")],
+        # the colours of outcomes and kinds, as the Gantt draws them, for the overview strip
+        "timeline_colours": {**OUTCOME_COLOURS, **KIND_COLOURS},
         "gantt_group": request.GET.get("lanes", "object"),
         "gantt_colour": request.GET.get("colour", "verb"),
         "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),

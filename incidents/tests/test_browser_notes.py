@@ -324,6 +324,9 @@ def test_a_share_link_opens_the_view_read_only_until_it_is_revoked(open_page, ow
     holder = open_page(None, url[url.index("/s/"):])
     _drawn(holder)
     assert urlsplit(holder.url).path == f"/incidents/{incident.pk}/"
+    # it opens on the timeline, not on the list of uploads above it
+    assert 0 <= holder.evaluate(
+        "document.getElementById('timeline').getBoundingClientRect().top") < 50
     assert page_query(holder) == {"resource": ["pods"], "lanes": ["actor"],
                                   "event": [str(second.pk)], "sequence": [str(sequence_id)]}
     wait_for_detail(holder, second.pk)

@@ -2,6 +2,14 @@
 // Polls each unfinished upload's status URL once a second and updates its row in place.
 (function () {
   "use strict";
+  // "Show all files": the finished uploads folded away while others run or have failed
+  const all = document.getElementById("uploads-all");
+  if (all) {
+    all.addEventListener("click", () => {
+      document.getElementById("uploads").classList.remove("attention-only");
+      all.remove();
+    });
+  }
   const rows = Array.from(document.querySelectorAll("tr[data-upload][data-finished='0']"));
   if (!rows.length) return;
 

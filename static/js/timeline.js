@@ -27,7 +27,7 @@
   const findInput = $("find");
   if (!box || !form || !(Plotly || plotlyTag)) return;
 
-  const NOT_FILTERS = ["after", "lanes", "colour", "event", "partial", "sequence"];
+  const NOT_FILTERS = ["after", "lanes", "colour", "event", "partial", "sequence", "window"];
   const WINDOW = ["since", "until"];
   const HIGHLIGHT = "#e11d48";
   let params = new URLSearchParams(window.location.search);
@@ -41,6 +41,7 @@
   let drawing = null;        // AbortController of the figure request in flight
   let tableRequest = null;   // and of the table's
   let selecting = 0;         // the latest selection wins when answers cross
+  let suggested = null;      // the first window the overview suggested, while it is the window
 
   function writeURL() {
     const url = new URL(window.location.href);
@@ -265,10 +266,13 @@
         "see each one)"
       : meta.spans + " events on " + meta.lanes + " lanes";
     const windowed = since || until;
+    const shown = meta.total === undefined ? meta.spans : meta.total;
     $("window-status").textContent = (windowed
       ? "Window " + (since ? shortTime(since) : "…") + " → " + (until ? shortTime(until) : "…")
-      : "Whole incident") + " · " + (meta.total === undefined ? meta.spans : meta.total) +
-      " events";
+      : "Whole incident") + " · " + shown + " events" + (isSuggested()
+      ? " · " + suggested.outside + (suggested.reason === "gap"
+        ? " events far from the rest left out" : " events of a long quiet stretch left out")
+      : "");
     $("window-reset").hidden = !windowed;
     // hooks: overlays (annotations, sequence steps) redraw themselves on the new figure
     lanes = null;
@@ -354,6 +358,8 @@
       form.elements[name].value = value || "";
     }
     params.delete("after");  // the table's page cursor belongs to the old window
+    // the whole span chosen on purpose stays chosen on a reload (no suggested window then)
+    if (since || until) params.delete("window"); else params.set("window", "all");
     writeURL();
     refreshTable();
     return draw();
@@ -362,6 +368,34 @@
   function resetWindow() {
     if (!params.has("since") && !params.has("until")) return Promise.resolve();
     return setWindow(null, null);
+  }
+
+  // The overview of the filtered events over their whole span (no window): the overview strip
+  // draws it, and it suggests the first window when the URL names none (``window``: where the
+  // events are, leaving out isolated stragglers and a long quiet tail).
+  const spanOverview = box.dataset.overviewUrl
+    ? getJSON(box.dataset.overviewUrl + "?" + filters(false).toString()).catch(() => null)
+    : Promise.resolve(null);
+
+  function isSuggested() {
+    return suggested !== null && params.get("since") === suggested.since &&
+      params.get("until") === suggested.until;
+  }
+
+  // The first view: the window the URL names, else the suggested one, else the whole span (also
+  // for a URL that selects an event, which the suggested window might leave out).
+  async function firstWindow() {
+    if (params.has("since") || params.has("until") || params.has("event") ||
+        params.get("window") === "all") return;
+    const overview = await spanOverview;
+    const wanted = overview && overview.window;
+    if (!wanted || params.has("since") || params.has("until")) return;
+    suggested = wanted;
+    for (const name of WINDOW) {
+      params.set(name, wanted[name]);
+      form.elements[name].value = wanted[name];
+    }
+    refreshTable();  // the server rendered the whole span's first rows
   }
 
   // Keep the window's width and centre it on `iso`; a one-sided window is dropped instead.
@@ -605,11 +639,11 @@
   window.HindsightTimeline = {
     select: (id) => select(id, true), setWindow, setOverlay, setParam, toPlotly,
     laneOf: laneIndex, selected: () => selected, param: (name) => params.get(name),
-    box,
+    filters, spanOverview, box,
   };
 
   Detail.init({eventUrl: box.dataset.eventUrl, eventsUrl: box.dataset.eventsUrl,
                linkFor: pageLink, onClose: closeDetail, onSelect: (id) => select(id, true)});
-  draw();
+  firstWindow().finally(draw);
   if (/^\d+$/.test(params.get("event") || "")) select(Number(params.get("event")), false);
 })();

@@ -42,7 +42,8 @@ def falco(incident, ingest_file, fixtures_dir) -> list[dict]:
                 "audit_id": event["auditID"],
                 "received": datetime.fromisoformat(
                     event["requestReceivedTimestamp"].replace("Z", "+00:00")),
-                "verb": event["verb"], "resource": ref.get("resource", ""),
+                "verb": event["verb"], "user": event["user"]["username"],
+                "resource": ref.get("resource", ""),
                 "namespace": ref.get("namespace", ""), "name": ref.get("name", ""),
                 "uri": event["requestURI"], "file": path.name})
     ids = dict(Event.objects.filter(incident=incident).values_list("audit_id", "id"))

@@ -1,0 +1,218 @@
+// Incident page: the overview strip above the timeline, which answers "what happened?" before
+// any filter is typed.
+//
+// - events over time across the whole span of the filters (no window), stacked by outcome for
+//   requests and by kind for other evidence, with the current window shaded: a click on a bar,
+//   or a drag across bars, makes that stretch the window;
+// - the top users, user agents, verbs, resources, namespaces and response codes of the current
+//   view (filters and window) with their counts and errors: a click on one adds it to the
+//   filters.
+// Data: /api/v1/incidents/{id}/overview/ (timelines.overview); the span's overview is the one
+// timeline.js fetched for the first window (HindsightTimeline.spanOverview).
+(function () {
+  "use strict";
+  const {el, getJSON, shortTime} = window.Hindsight;
+  const Timeline = window.HindsightTimeline;
+  const strip = document.getElementById("overview");
+  if (!strip || !Timeline) return;
+
+  const SVG = "http://www.w3.org/2000/svg";
+  const HEIGHT = 56;  // px of the tallest bar
+  const colours = JSON.parse(document.getElementById("timeline-colours").textContent);
+  // stacking order, bottom up: what went well, then other evidence, then errors on top
+  const ORDER = ["2xx", "3xx", "open", "other", "event", "log", "trace", "4xx", "5xx"];
+  const FIELDS = [["user", "Users"], ["user_agent", "User agents"], ["verb", "Verbs"],
+                  ["resource", "Resources"], ["namespace", "Namespaces"], ["code", "Codes"]];
+  const SHOWN = 6;  // values per list
+  const chart = document.getElementById("overview-chart");
+  const lists = document.getElementById("overview-facets");
+  const status = document.getElementById("overview-status");
+  let span = null;     // the overview of the whole span
+  let loading = null;  // AbortController of the window's overview in flight
+
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+    node.append(...children);
+    return node;
+  }
+
+  function count(n) {
+    return Number(n).toLocaleString("en-US");
+  }
+
+  // --- events over time ----------------------------------------------------------------------
+
+  function drawChart() {
+    const histogram = span && span.histogram;
+    chart.replaceChildren();
+    if (!histogram) return;
+    const width = chart.clientWidth || 800;
+    const {bins, bin_ms: binMs} = histogram;
+    const start = Date.parse(histogram.start);
+    const series = [...histogram.series].sort(
+      (a, b) => ORDER.indexOf(a.name) - ORDER.indexOf(b.name));
+    const totals = new Array(bins).fill(0);
+    for (const s of series) s.counts.forEach((n, i) => { totals[i] += n; });
+    const top = Math.max(1, ...totals);
+    const step = width / bins;
+    const plot = svg("svg", {width, height: HEIGHT + 16, class: "overview-svg",
+                             "aria-label": "events over time"});
+    for (let i = 0; i < bins; i++) {
+      if (!totals[i]) continue;
+      // at least 2 px for a bin with events: a lone straggler must show beside a burst
+      const height = Math.max(2, HEIGHT * totals[i] / top);
+      let y = HEIGHT;
+      const bar = svg("g", {class: "bin", "data-bin": i});
+      for (const s of series) {
+        const n = s.counts[i];
+        if (!n) continue;
+        const h = height * n / totals[i];
+        y -= h;
+        bar.append(svg("rect", {x: i * step, y, width: Math.max(step - 1, 1), height: h,
+                                fill: colours[s.name] || "#94a3b8"}));
+      }
+      const from = new Date(start + i * binMs).toISOString();
+      const to = new Date(start + (i + 1) * binMs).toISOString();
+      const parts = series.filter((s) => s.counts[i]).map((s) => s.name + " " + count(s.counts[i]));
+      bar.append(svg("title", {}, shortTime(from) + " → " + shortTime(to) + ": " +
+                     count(totals[i]) + " events (" + parts.join(", ") + ")"));
+      // the whole column catches the pointer, not only the bar
+      bar.prepend(svg("rect", {x: i * step, y: 0, width: step, height: HEIGHT,
+                               fill: "transparent"}));
+      plot.append(bar);
+    }
+    plot.append(svg("line", {x1: 0, x2: width, y1: HEIGHT + 0.5, y2: HEIGHT + 0.5,
+                             class: "overview-axis"}));
+    const end = new Date(start + bins * binMs).toISOString();
+    plot.append(svg("text", {x: 0, y: HEIGHT + 13, class: "overview-tick"},
+                    shortTime(histogram.start).slice(0, 16)),
+                svg("text", {x: width, y: HEIGHT + 13, class: "overview-tick",
+                             "text-anchor": "end"}, shortTime(end).slice(0, 16)));
+    const since = Date.parse(Timeline.param("since") || "");
+    const until = Date.parse(Timeline.param("until") || "");
+    if (!Number.isNaN(since) || !Number.isNaN(until)) {
+      const x0 = Number.isNaN(since) ? 0 : Math.max(0, (since - start) / binMs * step);
+      const x1 = Number.isNaN(until) ? width : Math.min(width, (until - start) / binMs * step);
+      plot.append(svg("rect", {x: x0, y: 0, width: Math.max(x1 - x0, 2), height: HEIGHT,
+                               class: "overview-window"}));
+    }
+    chart.append(plot);
+    chart.dataset.bins = bins;
+  }
+
+  // A click on a bar, or a drag across bars: that stretch becomes the window.
+  let pressed = null;
+  function binAt(event) {
+    const group = event.target.closest && event.target.closest("g.bin");
+    return group ? Number(group.dataset.bin) : null;
+  }
+  chart.addEventListener("mousedown", (event) => {
+    pressed = binAt(event);
+    if (pressed !== null) event.preventDefault();
+  });
+  chart.addEventListener("mouseup", (event) => {
+    const released = binAt(event);
+    const first = pressed;
+    pressed = null;
+    if (first === null || released === null || !span || !span.histogram) return;
+    const {start, bin_ms: binMs} = span.histogram;
+    const from = Date.parse(start) + Math.min(first, released) * binMs;
+    const to = Date.parse(start) + (Math.max(first, released) + 1) * binMs;
+    Timeline.setWindow(new Date(from).toISOString(), new Date(to).toISOString());
+  });
+
+  // --- the top values ------------------------------------------------------------------------
+
+  // A link to this page with one more filter value (keeping the window, lanes, colour).
+  function filterLink(field, value) {
+    const query = new URLSearchParams(window.location.search);
+    for (const name of ["after", "event", "partial"]) query.delete(name);
+    if (!query.getAll(field).includes(String(value))) query.append(field, value);
+    return window.location.pathname + "?" + query.toString() + "#timeline";
+  }
+
+  function isError(field, value) {
+    return field === "code" && Number(value) >= 400;
+  }
+
+  function drawLists(overview) {
+    const facets = (overview && overview.facets) || {};
+    lists.replaceChildren(...FIELDS.map(([field, title]) => {
+      const given = facets[field] || {};
+      // the values first, then how many events have none (Events and log lines have no user)
+      const all = Array.isArray(given) ? given : given.values || [];
+      const none = all.filter((v) => v.value === "" || v.value === null);
+      const values = all.filter((v) => !none.includes(v)).slice(0, SHOWN).concat(none);
+      const top = Math.max(1, ...values.filter((v) => !none.includes(v)).map((v) => v.count));
+      const rows = values.map((v) => {
+        const empty = v.value === "" || v.value === null;
+        const label = empty ? "(none)" : String(v.value);
+        const errors = isError(field, v.value) ? v.count : v.errors || 0;
+        const width = Math.min(100, Math.round(100 * v.count / top));
+        const bar = empty ? null : el("span", {class: "facet-bar" + (errors ? " has-errors" : ""),
+                                               style: "width:" + width + "%"});
+        const name = el("span", {class: "facet-value", title: label}, label);
+        const numbers = el("span", {class: "facet-count"}, count(v.count),
+                           errors && !isError(field, v.value)
+                             ? el("span", {class: "facet-errors", title: "answered 4xx or 5xx"},
+                                  " · " + count(errors) + " err") : null);
+        const cls = "facet" + (isError(field, v.value) ? " error" : "") + (empty ? " none" : "");
+        // an empty value cannot be a filter (the filters drop empty values)
+        return empty ? el("li", {class: cls}, bar, name, numbers)
+          : el("li", {class: cls}, el("a", {href: filterLink(field, v.value),
+                                             dataset: {field, value: label}}, bar, name, numbers));
+      });
+      return el("div", {class: "facet-list", dataset: {field}},
+                el("h3", {}, title), values.length ? el("ol", {}, rows)
+                  : el("p", {class: "hint"}, "—"));
+    }));
+  }
+
+  let listed = null;  // the window the lists count
+
+  async function refreshLists() {
+    const windowKey = (Timeline.param("since") || "") + "|" + (Timeline.param("until") || "");
+    if (windowKey === listed) return;
+    listed = windowKey;
+    if (loading) loading.abort();
+    if (!Timeline.param("since") && !Timeline.param("until")) {
+      drawLists(span);
+      return;
+    }
+    const controller = loading = new AbortController();
+    try {
+      const overview = await getJSON(strip.dataset.overviewUrl + "?" + Timeline.filters(true),
+                                     {signal: controller.signal});
+      if (controller === loading) drawLists(overview);
+    } catch (err) {
+      if (err.name !== "AbortError") status.textContent = "could not count (" + err.message + ")";
+    }
+  }
+
+  async function start() {
+    span = await Timeline.spanOverview;
+    if (!span) {
+      status.textContent = "could not load the overview";
+      return;
+    }
+    status.textContent = count(span.total) + " events" + (span.range
+      ? " from " + shortTime(span.range[0]).slice(0, 19) + " to " +
+        shortTime(span.range[1]).slice(0, 19) : "");
+    drawChart();
+    refreshLists();
+    strip.dataset.loaded = "1";
+  }
+
+  Timeline.box.addEventListener("hindsight:figure-drawn", () => {
+    if (!span) return;
+    drawChart();  // the window's shading
+    refreshLists();
+  });
+  let resizing = 0;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizing);
+    resizing = setTimeout(drawChart, 150);
+  });
+  start();
+})();

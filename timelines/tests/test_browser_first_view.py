@@ -1,0 +1,227 @@
+"""The incident page's first view in a real browser: what a reviewer who opens an incident cold
+sees before typing any filter (the overview strip, the suggested window, the folded uploads,
+readable lanes) and what one click on it does. Expected values are read from the fixture files
+with ``json`` or made here, not taken from the page's own answers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from hindsight.testing import page_query
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _drawn(page, at_least: int = 1) -> None:
+    page.wait_for_function(
+        f"Number(document.getElementById('gantt').dataset.drawn || 0) >= {at_least}")
+
+
+def _draws(page) -> int:
+    return int(page.get_attribute("#gantt", "data-drawn") or 0)
+
+
+def _overview(page) -> None:
+    page.wait_for_function("document.getElementById('overview').dataset.loaded === '1'")
+
+
+def _listed(page, field: str) -> dict[str, int]:
+    """The overview's list of a field: shown value → count (without "(none)")."""
+    return page.evaluate("""(field) => Object.fromEntries(Array.from(document.querySelectorAll(
+        `#overview-facets .facet-list[data-field="${field}"] li a`)).map(a => [
+            a.dataset.value,
+            Number(a.querySelector('.facet-count').firstChild.textContent.replace(/,/g, ''))]))""",
+                         field)
+
+
+def _audit_log(path, start: datetime, offsets: list[timedelta], *, user: str = "kubelet",
+               code: int = 200) -> None:
+    """A JSON-lines audit log of one GET per offset from ``start`` on thirty pods."""
+    lines = []
+    for n, offset in enumerate(offsets):
+        stamp = (start + offset).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lines.append(json.dumps({
+            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
+            "auditID": f"{path.stem}-{n:06d}", "stage": "ResponseComplete", "verb": "get",
+            "requestURI": f"/api/v1/namespaces/shop/pods/web-{n % 30}",
+            "user": {"username": user}, "responseStatus": {"code": code},
+            "objectRef": {"resource": "pods", "namespace": "shop", "name": f"web-{n % 30}"},
+            "requestReceivedTimestamp": stamp, "stageTimestamp": stamp}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+# --- the overview strip ---------------------------------------------------------------------------
+
+def test_the_overview_lists_the_top_values_and_a_click_filters_by_one(open_page, owner,
+                                                                       incident, ingest_file,
+                                                                       demo_log):
+    assert ingest_file(incident, demo_log).status == "done"
+    events = [json.loads(line) for line in demo_log.read_text().splitlines() if line.strip()]
+    verbs = Counter(e["verb"] for e in events)
+    codes = Counter(str(e["responseStatus"]["code"]) for e in events)
+    errors = Counter(e["verb"] for e in events if e["responseStatus"]["code"] >= 400)
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    _overview(page)
+
+    assert _listed(page, "verb") == dict(verbs.most_common(6))
+    assert _listed(page, "code") == dict(codes.most_common(6))
+    # a value whose requests failed says how many; an error code is marked as one
+    listed = page.locator('#overview-facets .facet-list[data-field="verb"] li a[data-value="list"]')
+    assert f"{errors['list']} err" in listed.text_content()
+    assert page.locator('#overview-facets .facet-list[data-field="code"] li.error').count() == len(
+        [c for c in codes if int(c) >= 400])
+    # the histogram counts every event of the span
+    drawn = page.evaluate("""() => Array.from(document.querySelectorAll('#overview-chart g.bin'))
+        .map(g => Number(/: ([\\d,]+) events/.exec(g.querySelector('title').textContent)[1]
+                         .replace(/,/g, '')))""")
+    assert sum(drawn) == len(events)
+
+    listed.click()
+    page.wait_for_load_state()
+    _drawn(page)
+    assert page_query(page)["verb"] == ["list"]
+    assert f"{verbs['list']} events on" in page.text_content("#gantt-status")
+    assert page.input_value("#filters input[name=verb]") == "list"
+
+
+def test_a_filter_box_suggests_the_values_under_the_other_filters(open_page, owner, incident,
+                                                                  falco):
+    page = open_page(owner, f"/incidents/{incident.pk}/?resource=pods")
+    _drawn(page)
+
+    page.focus("#filters input[name=verb]")
+    page.wait_for_function("Number(document.querySelector('#filters input[name=verb]')"
+                           ".dataset.suggested || 0) > 0")
+    options = page.eval_on_selector_all("#suggest-verb option",
+                                        "os => os.map(o => [o.value, o.label])")
+    expected = Counter(r["verb"] for r in falco if r["resource"] == "pods")
+    assert [value for value, _ in options] == [v for v, _ in sorted(
+        expected.items(), key=lambda item: (-item[1], item[0]))]
+    assert all(label.startswith(f"{value} — {expected[value]}") for value, label in options)
+
+    page.fill("#filters input[name=user]", "MINI")  # typing narrows them, in any case
+    page.wait_for_function("""() => {
+        const users = Array.from(document.querySelectorAll('#suggest-user option'));
+        return users.length > 0 && users.every(o => o.value.includes('mini')); }""")
+    users = page.eval_on_selector_all("#suggest-user option", "os => os.map(o => o.value)")
+    assert users == sorted({r["user"] for r in falco if "mini" in r["user"]
+                            and r["resource"] == "pods"})
+
+
+# --- the first window -----------------------------------------------------------------------------
+
+def test_the_page_opens_where_the_events_are_and_one_click_shows_the_whole_span(
+        open_page, owner, incident, ingest_file, tmp_path):
+    burst = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+    _audit_log(tmp_path / "burst.log", burst, [timedelta(seconds=2 * n) for n in range(300)])
+    stragglers = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
+    _audit_log(tmp_path / "stragglers.log", stragglers, [timedelta(minutes=n) for n in range(3)],
+               user="old-cron")
+    for name in ("burst.log", "stragglers.log"):
+        assert ingest_file(incident, tmp_path / name).status == "done"
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+
+    shown = page.evaluate("document.getElementById('gantt').layout.xaxis.range")
+    start, end = (datetime.fromisoformat(t.replace(" ", "T")).replace(tzinfo=UTC) for t in shown)
+    assert start <= burst and burst + timedelta(seconds=598) <= end
+    assert end - start < timedelta(hours=1)  # not the two years to the stragglers
+    assert "300 events on 30 lanes" in page.text_content("#gantt-status")
+    status = page.text_content("#window-status")
+    assert "3 events far from the rest left out" in status
+    page.wait_for_function("document.querySelectorAll('#events-table tr[data-event]').length"
+                           " === 100")
+    assert "old-cron" not in page.text_content("#events-table")
+
+    before = _draws(page)
+    page.click("#window-reset")
+    _drawn(page, before + 1)
+    assert "303 events on 30 lanes" in page.text_content("#gantt-status")
+    assert page_query(page)["window"] == ["all"]
+    page.reload()  # the whole span, chosen, stays chosen
+    _drawn(page)
+    assert "303 events on 30 lanes" in page.text_content("#gantt-status")
+
+
+# --- the uploads, the lanes -----------------------------------------------------------------------
+
+def test_finished_uploads_fold_into_one_line_and_failures_stay_in_sight(open_page, owner,
+                                                                        incident, ingest_file,
+                                                                        demo_log, fixtures_dir):
+    assert ingest_file(incident, demo_log).status == "done"
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    assert not page.evaluate("document.getElementById('uploads-panel').open")
+    assert "1 file · 1 done · 37 events" in " ".join(
+        page.text_content("#uploads-panel summary").split())
+
+    broken = ingest_file(incident, fixtures_dir / "audit" / "falco" / "fal_01_003.json")
+    assert broken.status == "failed"
+    page.reload()
+    _drawn(page)
+    assert page.evaluate("document.getElementById('uploads-panel').open")
+    visible = page.eval_on_selector_all("#uploads tbody tr", "rows => rows.filter(r => "
+                                        "r.offsetParent !== null).map(r => r.dataset.upload)")
+    assert visible == [str(broken.pk)]  # the done one is folded away
+    page.click("#uploads-all")
+    assert len(page.eval_on_selector_all("#uploads tbody tr", "rows => rows.filter(r => "
+                                         "r.offsetParent !== null)")) == 2
+    # the timeline starts within the first screen
+    assert page.evaluate("document.getElementById('timeline').getBoundingClientRect().top") < 600
+
+
+def test_many_lanes_page_with_readable_labels_and_the_legend_off_the_plot(open_page, owner,
+                                                                         incident, ingest_file,
+                                                                         tmp_path):
+    start = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+    lines = []
+    for n in range(130):  # 130 objects, some with names long enough to be shortened
+        name = f"web-{n:03d}" if n % 3 else f"a-very-long-generated-name-of-replica-{n:03d}-x7kq"
+        stamp = (start + timedelta(seconds=n)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lines.append(json.dumps({
+            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
+            "auditID": f"lane-{n:04d}", "stage": "ResponseComplete", "verb": "get",
+            "requestURI": f"/api/v1/namespaces/shop/pods/{name}", "user": {"username": "u"},
+            "responseStatus": {"code": 200},
+            "objectRef": {"resource": "pods", "namespace": "shop", "name": name},
+            "requestReceivedTimestamp": stamp, "stageTimestamp": stamp}))
+    path = tmp_path / "lanes.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert ingest_file(incident, path).status == "done"
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+
+    geometry = page.evaluate("""() => {
+        const gd = document.getElementById('gantt'), box = gd.getBoundingClientRect();
+        const size = gd._fullLayout._size;
+        const plot = {top: box.top + size.t, bottom: box.top + size.t + size.h,
+                      left: box.left + size.l, right: box.left + size.l + size.w};
+        const legend = gd.querySelector('.legend').getBoundingClientRect();
+        const labels = Array.from(gd.querySelectorAll('.ytick text')).map(t => {
+            const r = t.getBoundingClientRect();
+            return {top: r.top, bottom: r.bottom, text: t.textContent,
+                    title: (t.querySelector('title') || {}).textContent}; });
+        return {plot, width: box.width, legend: {top: legend.top, bottom: legend.bottom},
+                labels}; }""")
+    plot, labels = geometry["plot"], geometry["labels"]
+    assert geometry["legend"]["top"] >= plot["bottom"]  # under the plot, never over it
+    assert plot["right"] - plot["left"] > 0.6 * geometry["width"]  # most of the width
+    assert 20 <= len(labels) <= 40
+    tops = sorted(labels, key=lambda label: label["top"])
+    assert all(a["bottom"] <= b["top"] + 1  # no overlap
+               for a, b in zip(tops, tops[1:], strict=False))
+    shortened = [label for label in labels if "…" in label["text"]]
+    assert shortened and all(label["title"].startswith("pods/shop/a-very-long")
+                             for label in shortened)
+    assert "Lanes 1–40 of 130" in " ".join(page.text_content("#lane-pager").split())
+
+    page.click("#lanes-down")
+    page.wait_for_function("document.getElementById('lane-range').textContent === '41–80'")
+    first = page.evaluate("document.getElementById('gantt').layout.yaxis.range")
+    assert first == [79.5, 39.5]

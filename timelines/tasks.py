@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from incidents.models import Upload
 
-from .ingest import fail_upload, ingest_upload
+from .ingest import fail_upload, ingest_upload, settle_years
 from .ingest.bundle import finish_bundle
 from .queries import warm_overview
 
@@ -50,12 +50,17 @@ def ingest_upload_task(self, upload_id: int) -> None:
         warm_overview_task.delay(upload.incident_id)
 
 
-@shared_task(soft_time_limit=600, time_limit=660)
+@shared_task(soft_time_limit=600, time_limit=660, autoretry_for=TRANSIENT, retry_backoff=5,
+             retry_jitter=True, max_retries=3)
 def warm_overview_task(incident_id: int) -> None:
-    """Count the overview figures of an incident whose uploads have all finished, so that the
-    first page view does not wait for them (``queries.warm_overview``). Does nothing if the
-    incident was deleted meanwhile or another upload is still on its way; a failure only means
-    the first page view counts them itself."""
+    """Once an incident's uploads have all finished: move the logs whose year was guessed to the
+    year the rest of the incident gives (``ingest.settle_years``), then count the overview
+    figures, so that the first page view does not wait for them (``queries.warm_overview``). Does
+    nothing if the incident was deleted meanwhile or another upload is still on its way (its own
+    task does this when it finishes). Both steps are idempotent: database errors are retried; a
+    failure leaves the guessed years until the incident's next upload finishes, and the first
+    page view counts the figures itself."""
+    settle_years(incident_id)
     warm_overview(incident_id)
 
 
@@ -114,6 +119,7 @@ def _start_thread(upload_id: int) -> None:
             fail_upload(upload_id, "ingest failed unexpectedly; see the server log")
         else:
             if upload is not None and upload.finished:
+                settle_years(upload.incident_id)
                 warm_overview(upload.incident_id)
         finally:
             connection.close()

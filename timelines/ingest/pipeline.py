@@ -6,6 +6,7 @@ waits between them, which bounds memory.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -45,6 +46,7 @@ from .store import (
     write_copy,
     write_rows,
 )
+from .years import IncidentEvidence, record_guess
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,9 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
             _finish(upload, Upload.Status.FAILED, report,
                     message=f"{upload.name}: not evidence Hindsight reads ({reason})")
         return
-    hints = _hints(upload.hints)
+    # The rest of the incident gives a year to a log that has none of its own (read only then).
+    hints = dataclasses.replace(_hints(upload.hints) or ParseHints(),
+                                evidence=IncidentEvidence(upload.incident_id, (upload.pk,)))
     redactor = Redactor(settings.REDACT_EXTRA_PATHS, enabled=settings.REDACT)
     progress = _Progress(upload.pk, report, total, on_progress)
     # A writer thread has its own connection, which cannot see rows of a transaction that the
@@ -208,7 +212,8 @@ def _finish(upload: Upload, status: str, report: Report, *, message: str = "", r
             new: int = 0, bytes_read: int | None = None) -> None:
     fields = dict(status=status, message=message, events=rows, new_events=new,
                   skipped_lines=report.skipped, redacted=report.redacted, errors=report.errors,
-                  notes=report.notes, finished_at=timezone.now(), heartbeat_at=timezone.now())
+                  notes=report.notes, finished_at=timezone.now(), heartbeat_at=timezone.now(),
+                  hints=record_guess(upload.hints, report.year_guess))
     if bytes_read is not None:
         fields["bytes_read"] = bytes_read
     if upload.path_is_copy and upload.path:

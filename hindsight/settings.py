@@ -229,6 +229,8 @@ CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 60
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT + 600}
 CELERY_BEAT_SCHEDULE = {
     "requeue-stale-uploads": {"task": "timelines.tasks.requeue_stale_uploads", "schedule": 60.0},
+    # purges of deleted incidents that were lost (timelines.ingest.purge)
+    "requeue-lost-purges": {"task": "timelines.tasks.requeue_lost_purges", "schedule": 300.0},
 }
 # An upload whose worker has not reported progress for this long is taken to be lost.
 UPLOAD_STALE_SECONDS = env_int("HINDSIGHT_UPLOAD_STALE_SECONDS", 300)

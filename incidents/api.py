@@ -8,18 +8,21 @@ import uuid
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib import messages
 from django.db import IntegrityError, transaction
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
+from timelines.ingest import delete_incident
 from timelines.tasks import enqueue_ingest
 
 from .access import (
@@ -51,7 +54,8 @@ class PayloadTooLarge(ValidationError):
 
 
 class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Incidents you can see: of your teams, granted to them, or opened with a share link."""
+    """Incidents you can see: of your teams, granted to them, or opened with a share link; their
+    admins rename, move and delete them."""
 
     serializer_class = IncidentSerializer
 
@@ -76,6 +80,22 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
                                            "incident_key."}) from None
         # not get_object(): who gave the incident away may no longer see it
         return Response(self.get_serializer(serializer.instance).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request, pk=None):
+        """Delete the incident with everything of it: uploads (a bundle's files too), events,
+        annotations, sequences, grants and share links; 204. Owning-team admins and
+        superusers. From then on the incident and all of it answer 404; its events are removed
+        in the background (``timelines.ingest.purge``), which is why this is quick however many
+        there are."""
+        incident = self.get_object()
+        if not can_administer(request.user, incident):
+            raise PermissionDenied("Only admins of the incident's team may delete it.")
+        delete_incident(incident)
+        if isinstance(request.successful_authenticator, SessionAuthentication):
+            # the page goes to the incident list next, which shows it
+            messages.success(request._request, f"Incident “{incident.title}” deleted.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=GrantWriteSerializer, responses={201: GrantSerializer,
                                                             200: GrantSerializer})

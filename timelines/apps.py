@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db import transaction
 from django.db.models.signals import pre_delete
 
 
@@ -9,21 +8,12 @@ class TimelinesConfig(AppConfig):
     def ready(self) -> None:
         from incidents.models import Incident
 
-        from .ingest import delete_incident_events, drop_incident_partition
+        from .ingest import record_deletion
 
         def delete_evidence(sender, instance, **kwargs) -> None:
-            # The event table has no cascading foreign key (ingest speed): delete in bulk here,
-            # a bulk-loaded incident's events by dropping their partition.
-            drop_incident_partition(instance.pk)
-            delete_incident_events(instance)
-            pk = instance.pk
-
-            def discard_column_index() -> None:
-                from . import columns  # numpy only where it is used (see timelines.queries)
-
-                columns.discard(pk)
-
-            transaction.on_commit(discard_column_index)
+            # The event table has no cascading foreign key (ingest speed): whatever deletes an
+            # incident, its evidence is purged in the background (timelines.ingest.purge).
+            record_deletion(instance)
 
         pre_delete.connect(delete_evidence, sender=Incident, weak=False,
                            dispatch_uid="timelines.delete_evidence")

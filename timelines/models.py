@@ -15,6 +15,7 @@ import zlib
 import orjson
 import zstandard
 from django.db import models
+from django.utils import timezone
 
 from incidents.models import Incident, Upload
 
@@ -24,8 +25,12 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class BodyChunk(models.Model):
-    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="+")
-    upload = models.ForeignKey(Upload, null=True, on_delete=models.SET_NULL, related_name="+")
+    # No database-level foreign keys, like the events they hold: a deleted incident's chunks are
+    # removed with its events, in the background (``timelines.ingest.purge``).
+    incident = models.ForeignKey(Incident, on_delete=models.DO_NOTHING, db_constraint=False,
+                                 related_name="+")
+    upload = models.ForeignKey(Upload, null=True, on_delete=models.DO_NOTHING,
+                               db_constraint=False, related_name="+")
     # Compressed JSON lines, one redacted event per line: zstd (``pack``), or zlib in chunks
     # written before zstd (which compresses these ~6x faster and ~2.5x smaller).
     data = models.BinaryField()
@@ -55,7 +60,7 @@ class Event(models.Model):
         TRACE = "trace"
 
     # No database-level foreign keys on the hot table: a per-row RI check would cost ingest speed
-    # and incidents are deleted through ``timelines.ingest.delete_incident_events`` in bulk.
+    # and a deleted incident's events are purged in bulk (``timelines.ingest.purge``).
     # No index of their own either: every index of the table leads with the incident, and no
     # query selects events by upload (each index costs bulk loads time, see ingest.bulk).
     incident = models.ForeignKey(Incident, on_delete=models.DO_NOTHING, db_constraint=False,
@@ -127,3 +132,21 @@ class Event(models.Model):
         if self.body_index >= len(lines):
             return None
         return orjson.loads(lines[self.body_index])
+
+
+class IncidentPurge(models.Model):
+    """A deleted incident whose evidence is still to be removed: its events and body chunks (which
+    have no cascading foreign key), its partition, the uploaded files still on disk and its column
+    index. Written in the transaction that deletes the incident, deleted by the purge that
+    finishes (``timelines.ingest.purge``); a row that stays is a purge to run again."""
+
+    incident_id = models.BigIntegerField(primary_key=True)  # the incident is gone: no foreign key
+    deleted_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(default=timezone.now)  # when a purge was last asked for
+    # Hindsight's own copies of uploaded files that may still be on disk (absolute paths), and
+    # the top-level uploads, whose bundle work directories may exist (``ingest.bundle.work_dir``).
+    files = models.JSONField(default=list, blank=True)
+    uploads = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"purge of incident {self.incident_id}"

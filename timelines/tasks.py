@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from incidents.models import Upload
 
-from .ingest import fail_upload, ingest_upload, settle_years
+from .ingest import fail_upload, ingest_upload, purge, settle_years
 from .ingest.bundle import finish_bundle
 from .queries import warm_overview
 
@@ -99,6 +99,54 @@ def requeue_stale_uploads() -> int:
             status=Upload.Status.PENDING, claimed_by="", heartbeat_at=timezone.now())
         enqueue_ingest(upload.pk)
     return count
+
+
+@shared_task(
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=TRANSIENT,  # also a partition whose lock did not come within a second
+    retry_backoff=5,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=8,
+    soft_time_limit=3600,
+    time_limit=3660,
+)
+def purge_incident_task(incident_id: int) -> None:
+    """Remove what a deleted incident left: events, body chunks, partition, files, column index
+    (``ingest.purge``). Does nothing if its ``IncidentPurge`` row is gone (purged already).
+    Database errors retry with backoff; if every try fails or the worker dies, the row stays and
+    ``requeue_lost_purges`` queues it again."""
+    purge.purge_incident(incident_id)
+
+
+@shared_task
+def requeue_lost_purges() -> int:
+    """Queue again the purges of deleted incidents still listed ``purge.LOST_AFTER`` after they
+    were queued (a lost message, a dead worker, retries exhausted); returns how many. Reads only
+    the few rows of ``IncidentPurge``."""
+    return purge.requeue_lost(enqueue_purge)
+
+
+def enqueue_purge(incident_id: int) -> None:
+    """Purge a deleted incident's evidence once the current transaction commits: on a Celery
+    worker when a broker is configured, else in a thread of this process."""
+    if settings.CELERY_BROKER_URL:
+        purge_incident_task.delay_on_commit(incident_id)
+        return
+    transaction.on_commit(lambda: _start_purge_thread(incident_id))
+
+
+def _start_purge_thread(incident_id: int) -> None:
+    def run() -> None:
+        try:
+            purge.purge_incident(incident_id)
+        except Exception:  # the IncidentPurge row stays: requeue_lost_purges runs it again
+            log.exception("purge of incident %s failed", incident_id)
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name=f"purge-{incident_id}", daemon=True).start()
 
 
 def enqueue_ingest(upload_id: int) -> None:

@@ -325,6 +325,8 @@ SPECS = {
         f"/api/v1/sequences/{_sequence(w).pk}/steps/", {"event": w.event.pk})),
     ("api:sequence-remove-step", "DELETE"): (WRITE, _step_url),
     ("api:sequence-reorder", "POST"): (WRITE, _reorder),
+    # last: it deletes the incident
+    ("api:incident-detail", "DELETE"): (ADMIN, lambda w: inc(w, "")),
 }
 ACCEPTED = {"api:event-diff": {422}}  # no object version in a Metadata-level event: access was
 # granted, the diff is impossible

@@ -5,6 +5,7 @@
 - ``store``: batches of rows merged into ``timelines_event`` (COPY, staging, merge rule);
 - ``bulk``: a large new incident COPYed into a table of its own, indexed once and attached as
   its partition;
+- ``purge``: deleting an incident: the incident at once, its evidence in the background;
 - ``years``: once an incident's uploads have all finished, the rows of logs whose year was guessed
   moved to the year the rest of the incident gives.
 """
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 from .bulk import drop_incident_partition, finish_load, start_load
 from .pipeline import create_local_upload, fail_upload, ingest_upload
-from .store import delete_incident_events, write_rows
+from .purge import delete_incident, purge_incident, record_deletion
+from .store import IncidentGone, write_rows
 from .years import settle_years
 
-__all__ = ["create_local_upload", "delete_incident_events", "drop_incident_partition",
-           "fail_upload", "finish_load", "ingest_upload", "settle_years", "start_load",
+__all__ = ["IncidentGone", "create_local_upload", "delete_incident", "drop_incident_partition",
+           "fail_upload", "finish_load",
+           "purge_incident", "record_deletion", "ingest_upload", "settle_years", "start_load",
            "write_rows"]

@@ -19,7 +19,10 @@ Invariants:
   or, if the incident has a partition already or the attach fails, merges the rows into the
   store with the store's ``ON CONFLICT`` rule and drops the table. One transaction: rows are
   never lost; either way each load upload's ``new_events`` is what it added.
-- ``drop_incident_partition`` is the fast way to delete an incident's events.
+- ``drop_incident_partition`` is the fast way to delete an incident's events (the purge of a
+  deleted incident uses it, ``timelines.ingest.purge``).
+- A load whose incident is deleted meanwhile becomes visible nowhere: every batch and the end of
+  ``finish_load`` hold the incident's row (``store.hold_incident``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from .store import (
     COLUMNS,
     _delete_orphan_chunks,
     analyze,
+    hold_incident,
 )
 
 log = logging.getLogger(__name__)
@@ -115,6 +119,10 @@ def finish_load(incident_id: int, table: str,
                 uploads = dict.fromkeys(loaded, 0) | _merge(cursor, table)
                 cursor.execute(f"DROP TABLE {table}")
         result.events = sum(uploads.values())
+        # Last, so that a deletion of the incident never waits for the steps above (the load
+        # table is dropped by the purge): if the incident was deleted meanwhile, nothing of the
+        # load becomes visible (IncidentGone, all of this rolled back).
+        hold_incident(incident_id)
         for upload_id, new in uploads.items():
             Upload.objects.filter(pk=upload_id).update(new_events=new)
         # The rows become visible now: a new finished_at makes a new data version, so nothing
@@ -125,8 +133,12 @@ def finish_load(incident_id: int, table: str,
 
 
 def abandon_load(incident_id: int, table: str) -> None:
-    """Drop a load that could not be finished, with the body chunks only its rows pointed at."""
+    """Drop a load that could not be finished, with the body chunks only its rows pointed at
+    (nothing if the table is gone: the incident was deleted and purged)."""
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [table])
+        if cursor.fetchone()[0] is None:
+            return
         cursor.execute(f"SELECT array_agg(DISTINCT body_chunk) FROM {table}")
         chunks = cursor.fetchone()[0] or []
         cursor.execute(f"DROP TABLE {table}")

@@ -41,6 +41,7 @@ from .bundle import finish_bundle, remove_work_dir, unpack_upload
 from .store import (
     CHUNK_ROWS,
     ChunkIds,
+    IncidentGone,
     analyze_incident,
     copy_affixes,
     write_copy,
@@ -73,6 +74,11 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
     worker holds it. Database errors propagate for the caller to retry; bad input is an outcome
     (``failed`` with a message), never an exception.
 
+    If the row is deleted while it is being ingested (its incident was deleted, or a redelivered
+    bundle started over), the ingest stops at its next batch or progress report and returns None:
+    no event is written for a deleted incident (``store.hold_incident``), and what this run may
+    have unpacked after the incident's purge is removed.
+
     ``table``: COPY the rows into this load table of ``timelines.ingest.bulk`` (PostgreSQL)
     rather than merging them into the store; the load's end deduplicates and attaches them.
     """
@@ -103,11 +109,33 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
             _run(upload, on_progress, table)
             if upload.parent_id is not None:
                 finish_bundle(upload.parent_id)
-    except Exception:
+    except Exception as exc:
+        # An error caused by the row's deletion (IncidentGone, UploadGone, or one of their
+        # consequences: children of a deleted incident refused at commit, a file the purge
+        # removed) ends the run: there is nobody left to tell.
+        if isinstance(exc, IncidentGone | UploadGone) or not Upload.objects.filter(
+                pk=upload_id).exists():
+            _abandon(upload, exc)
+            return None
         # Leave the row claimable by the retry (same claimant) and let the caller decide.
         Upload.objects.filter(pk=upload_id, claimed_by=claimant).update(heartbeat_at=None)
         raise
     return Upload.objects.filter(pk=upload_id).first()
+
+
+class UploadGone(Exception):
+    """The upload's row was deleted while it was being ingested."""
+
+
+def _abandon(upload: Upload, exc: Exception) -> None:
+    """The end of a run whose row was deleted. A top-level upload's row goes only with its
+    incident: remove the bundle work directory that unpacking may have made again after the
+    purge removed it. (A bundle's file leaves its directory alone: a bundle that started over
+    unpacks into the same one.)"""
+    log.info("upload %s (incident %s) was deleted while being ingested; stopped: %s",
+             upload.pk, upload.incident_id, exc)
+    if upload.parent_id is None:
+        remove_work_dir(upload)
 
 
 def fail_upload(upload_id: int, message: str) -> None:
@@ -242,9 +270,10 @@ class _Progress:
         if now - self.last < PROGRESS_SECONDS:
             return
         self.last = now
-        Upload.objects.filter(pk=self.upload_id).update(
-            bytes_read=bytes_read, events=rows, skipped_lines=self.report.skipped,
-            redacted=self.report.redacted, heartbeat_at=timezone.now())
+        if not Upload.objects.filter(pk=self.upload_id).update(
+                bytes_read=bytes_read, events=rows, skipped_lines=self.report.skipped,
+                redacted=self.report.redacted, heartbeat_at=timezone.now()):
+            raise UploadGone(f"upload {self.upload_id} was deleted")
         if self.on_progress is not None:
             self.on_progress(bytes_read, self.total, rows)
 
@@ -268,6 +297,7 @@ class _BatchWriter:
         # Once a batch met stored requests (a re-ingest, overlapping files), later ones likely
         # will too: stop trying the straight COPY.
         self.optimistic = True
+        self.stopped = False  # by abandon()
         self.thread = threading.Thread(target=self._loop, name="hindsight-writer", daemon=True)
 
     def start(self) -> None:
@@ -296,12 +326,19 @@ class _BatchWriter:
             raise self.error
 
     def abandon(self) -> None:
+        """Stop after the batch being written, dropping those queued (the run failed; a retry
+        writes them again), and wait for the thread to end: none outlives its run, holding a
+        connection, waiting for a batch that never comes."""
         if not self.threaded:
             return
-        try:
-            self.queue.put_nowait(None)
-        except queue.Full:
-            pass
+        self.stopped = True
+        while self.thread.is_alive():
+            try:
+                self.queue.put(None, timeout=0.5)
+                break
+            except queue.Full:  # the thread is busy with a batch; it will take the next
+                continue
+        self.thread.join()
 
     def _write(self, batch: list[Row] | CopyRows) -> None:
         write = write_copy if type(batch) is CopyRows else write_rows
@@ -314,7 +351,7 @@ class _BatchWriter:
     def _loop(self) -> None:
         try:
             while (batch := self.queue.get()) is not None:
-                if self.error is None:
+                if self.error is None and not self.stopped:
                     self._write(batch)
         except BaseException as exc:  # reported to the parsing thread
             self.error = exc

@@ -9,6 +9,10 @@ SQLite the same merge runs as ``INSERT … VALUES … ON CONFLICT`` per row.
 The merge rule makes ingest idempotent and order-free: a stored row is replaced only by a later
 stage of the same request (an open span by its completion) or a later sighting of the same
 evidence, so ingesting the same content again changes nothing and every event keeps its id.
+
+Every batch first holds its incident's row (``hold_incident``): once an incident's deletion has
+committed, no batch of it is written any more, which is what lets ``purge`` remove its events
+once, in the background.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
     """
     rows = _latest_per_request(rows)
     with transaction.atomic():
+        hold_incident(incident_id)
         chunk_ids = _write_chunks(incident_id, upload_id, rows)
         if connection.vendor == "postgresql":
             text = _copy_text(incident_id, upload_id, rows, chunk_ids)
@@ -75,6 +80,7 @@ def write_copy(incident_id: int, upload_id: int | None, batch: CopyRows, *,
     """``write_rows`` for rows in COPY format (PostgreSQL): their body chunks (ids reserved by
     ``ChunkIds``) and rows in one transaction; returns how many were new requests."""
     with transaction.atomic():
+        hold_incident(incident_id)
         with connection.cursor() as cursor, cursor.copy(
                 "COPY timelines_bodychunk (id, incident_id, upload_id, data) FROM STDIN"
                 " (FORMAT BINARY)") as copy:
@@ -87,6 +93,29 @@ def write_copy(incident_id: int, upload_id: int | None, batch: CopyRows, *,
         if optimistic and _copy_new(batch.text):
             return batch.rows
         return _merge_postgres(batch.text, [chunk_id for chunk_id, _ in batch.bodies])
+
+
+class IncidentGone(Exception):
+    """The incident was deleted: nothing more of it is written (its evidence is being purged)."""
+
+
+def hold_incident(incident_id: int) -> None:
+    """Inside a writing transaction: raise ``IncidentGone`` unless the incident still exists, and
+    keep it from being deleted until the transaction ends.
+
+    On PostgreSQL with ``FOR KEY SHARE``, the row lock a foreign key check takes: the deletion
+    (``purge.delete_incident`` locks the row ``FOR UPDATE`` first) waits for a batch being
+    written, and a batch that starts after it finds no row. On SQLite every writing transaction
+    is IMMEDIATE, so writers run one at a time anyway. Either way no event or body chunk of an
+    incident is committed after its deletion, so the purge that follows sees all of them. One
+    indexed lookup per batch (thousands of rows), not a foreign key check per row.
+    """
+    lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {Incident._meta.db_table} WHERE id = %s{lock}",
+                       [incident_id])
+        if cursor.fetchone() is None:
+            raise IncidentGone(f"incident {incident_id} was deleted")
 
 
 class ChunkIds:
@@ -347,9 +376,3 @@ def analyze_incident(incident_id: int) -> None:
         found = cursor.fetchone()
     if found:
         analyze(found[0])
-
-
-def delete_incident_events(incident: Incident) -> None:
-    """Remove an incident's evidence in bulk (the event table has no cascading foreign keys)."""
-    Event.objects.filter(incident=incident)._raw_delete(Event.objects.db)
-    BodyChunk.objects.filter(incident=incident)._raw_delete(BodyChunk.objects.db)

@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from incidents.models import Incident, Upload
-from timelines.ingest import bulk, create_local_upload, ingest_upload
+from timelines.ingest import bulk, create_local_upload, ingest_upload, purge_incident
 from timelines.models import BodyChunk, Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -257,6 +257,8 @@ def test_deleting_the_incident_drops_its_partition(tmp_path, incident):
 
     incident_id = incident.pk
     incident.delete()
+    assert has_partition(incident_id)  # until the purge that follows
+    purge_incident(incident_id)
 
     assert not has_partition(incident_id)
     assert not table_exists(bulk.partition_table(incident_id))

@@ -19,7 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from incidents.models import Incident, Upload
-from timelines.ingest import create_local_upload, ingest_upload, write_rows
+from timelines.ingest import create_local_upload, ingest_upload, purge_incident, write_rows
 from timelines.models import BodyChunk, Event
 from timelines.parsers import Redactor, Report, audit, parse_audit
 
@@ -150,6 +150,7 @@ def test_deleted_evidence_stays_deleted_when_another_ingest_follows(
     ingest_file(gone, audit_log(fixtures_dir, "audit2rbac-demo.log"))
     gone_id = gone.pk
     gone.delete()
+    purge_incident(gone_id)
     assert not Event.objects.filter(incident_id=gone_id).exists()
 
     upload = ingest_file(kept, audit_log(fixtures_dir, "openshift-requestresponse.log"))

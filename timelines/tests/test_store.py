@@ -46,6 +46,7 @@ def test_awkward_strings_round_trip_through_copy(incident, ingest_file, tmp_path
 
 def test_deleting_an_incident_deletes_its_events_and_bodies(incident, ingest_file, fixtures_dir):
     from incidents.models import Incident
+    from timelines.ingest import purge_incident
     from timelines.models import BodyChunk
 
     ingest_file(incident, fixtures_dir / "audit" / "audit2rbac-demo.log")
@@ -54,8 +55,12 @@ def test_deleting_an_incident_deletes_its_events_and_bodies(incident, ingest_fil
     kept = Event.objects.filter(incident=other).count()
     assert Event.objects.filter(incident=incident).exists()
 
+    gone = incident.pk  # delete() sets pk to None
     incident.delete()
+    # the incident answers 404 at once; its evidence goes with the purge that follows
+    assert Event.objects.filter(incident_id=gone).exists()
+    purge_incident(gone)
 
-    assert not Event.objects.filter(incident_id=incident.pk).exists()
-    assert not BodyChunk.objects.filter(incident_id=incident.pk).exists()
+    assert not Event.objects.filter(incident_id=gone).exists()
+    assert not BodyChunk.objects.filter(incident_id=gone).exists()
     assert Event.objects.filter(incident=other).count() == kept

@@ -120,6 +120,44 @@ def test_a_killed_worker_s_upload_runs_again_without_losing_or_doubling_events(
     assert upload.events == requests
 
 
+def test_deleting_an_incident_while_a_worker_ingests_it_ends_the_ingest_and_purges_all(
+        client, owner, superuser, token_for, worker, fixtures_dir, tmp_path):
+    from timelines.models import BodyChunk, IncidentPurge
+
+    path = tmp_path / "big-audit.log"
+    _big_audit_log(path, fixtures_dir, 100_000)
+    upload_id = _post(client, token_for(owner), path, "deleted while ingesting")
+    upload = _wait(upload_id, lambda u: u.status == Upload.Status.RUNNING and u.events > 0)
+    copy = Path(upload.path)
+    assert copy.is_file()
+
+    deleted = client.delete(f"/api/v1/incidents/{upload.incident_id}/",
+                            HTTP_AUTHORIZATION=f"Token {token_for(superuser)}")
+
+    assert deleted.status_code == 204
+    log = tmp_path / "worker.log"  # the worker fixture's
+
+    def ended(task: str) -> bool:
+        return any(f"{task}[" in line and "succeeded in" in line
+                   for line in log.read_text().splitlines())
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (ended("ingest_upload_task")
+                                               and ended("purge_incident_task")):
+        time.sleep(0.2)
+    text = log.read_text()
+    assert not IncidentPurge.objects.exists(), text[-3000:]
+    assert not Event.objects.filter(incident_id=upload.incident_id).exists()
+    assert not BodyChunk.objects.filter(incident_id=upload.incident_id).exists()
+    assert not copy.exists() and not copy.parent.exists()
+    assert "was deleted while being ingested; stopped" in text, text[-3000:]
+    finished = [line for line in text.splitlines() if "succeeded in" in line]
+    assert any("ingest_upload_task" in line for line in finished), text[-3000:]
+    assert any("purge_incident_task" in line for line in finished), text[-3000:]
+    for trouble in ("Traceback", "ERROR", "Retry in", "raised unexpected"):
+        assert trouble not in text, text[-3000:]
+
+
 def test_a_bundle_s_files_are_ingested_by_tasks_of_their_own(client, owner, token_for, worker,
                                                              fixtures_dir, tmp_path):
     import io

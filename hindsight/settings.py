@@ -268,6 +268,8 @@ REST_FRAMEWORK = {
     # trusts no X-Forwarded-For (a client could forge it).
     "NUM_PROXIES": env_int("HINDSIGHT_NUM_PROXIES", 0),
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The URL decides the representation: never a 406 (see the module).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "hindsight.negotiation.UrlFormatNegotiation",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 

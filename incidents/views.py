@@ -18,11 +18,11 @@ from django.views.decorators.http import require_POST
 from timelines.figures import KIND_COLOURS, OUTCOME_COLOURS
 from timelines.filters import EventFilterSet
 from timelines.models import Event
-from timelines.tasks import requeue_stale_uploads
+from timelines.tasks import requeue_lost_purges, requeue_stale_uploads
 
-from .access import can_upload, can_write, get_visible_incident, upload_teams
+from .access import can_administer, can_upload, can_write, get_visible_incident, upload_teams
 from .api import create_upload
-from .models import Incident, Upload
+from .models import Incident, Team, Upload
 
 PAGE_ROWS = 100
 # The filters the incident page's form shows (since/until, the window, have their own inputs);
@@ -38,16 +38,28 @@ VIEW_PARAMS = ("after", "lanes", "colour", "event", "sequence", "partial", "wind
 
 @login_required
 def incident_list(request):
+    if not settings.CELERY_BROKER_URL:
+        requeue_lost_purges()  # embedded mode has no beat; a deletion comes back here
     incidents = (Incident.objects.visible_to(request.user).select_related("team")
                  .annotate(upload_count=Count("uploads", filter=Q(uploads__parent=None)),
                            # a bundle already sums its files
                            event_count=Sum("uploads__new_events",
                                            filter=Q(uploads__parent=None))))
+    teams = list(_creation_teams(request.user))
+    own = upload_teams(request.user).order_by("name").first()
     return render(request, "incidents/list.html", {
         "incidents": incidents,
-        "teams": upload_teams(request.user),
+        "teams": teams,
+        # preselected: the user's own (first) team; for a superuser in none, no team
+        "team_selected": own.pk if own else None,
         "max_upload_bytes": settings.MAX_UPLOAD_BYTES,
     })
+
+
+def _creation_teams(user):
+    """The teams a new incident may be given: those in which the user is an editor or admin;
+    every team for a superuser, who may also make one without a team."""
+    return (Team.objects.all() if user.is_superuser else upload_teams(user)).order_by("name")
 
 
 @login_required
@@ -59,9 +71,10 @@ def incident_create(request):
         messages.error(request, "Give the incident a title.")
         return redirect("incidents:list")
     team = None
-    team_id = request.POST.get("team")
+    team_id = request.POST.get("team", "")
     if team_id:
-        team = upload_teams(request.user).filter(pk=team_id).first()
+        team = _creation_teams(request.user).filter(pk=team_id).first() if (
+            team_id.isdigit()) else None
         if team is None:
             raise PermissionDenied("You may not create incidents in that team.")
     elif not request.user.is_superuser:
@@ -121,6 +134,8 @@ def incident_detail(request, pk):
         "can_upload": can_upload(request.user, incident),
         # annotate, build sequences, share: the page shows these controls to writers only
         "can_write": can_write(request.user, incident),
+        # rename, move, delete: to admins of its team and superusers only
+        **_administration(request.user, incident),
         # where the notes scripts find one annotation, sequence or share link (append "<id>/")
         "api_prefixes": {name: reverse(f"api:{route}", args=[0])[:-len("0/")]
                          for name, route in (("annotation", "annotation-detail"),
@@ -141,6 +156,24 @@ def incident_detail(request, pk):
         "gantt_colour": request.GET.get("colour", "verb"),
         "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
     })
+
+
+def _administration(user, incident: Incident) -> dict:
+    """What the page's rename, move and delete controls need, for those who may use them: the
+    teams it may be moved to (every other team for a superuser; for a team admin the teams in
+    which they are an editor or admin, so that they keep working on it: giving it to a team they
+    are not in is for the API, which takes any team by name), and what a deletion takes with it,
+    said in the dialog that confirms it."""
+    if not can_administer(user, incident):
+        return {"can_administer": False}
+    return {
+        "can_administer": True,
+        "move_teams": list(_creation_teams(user).exclude(pk=incident.team_id)),
+        "deletion": {"annotations": incident.annotations.count(),
+                     "sequences": incident.sequences.count(),
+                     "share_links": incident.share_links.count(),
+                     "bundle_files": incident.uploads.exclude(parent=None).count()},
+    }
 
 
 def _events_table(request, incident: Incident) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -257,6 +258,83 @@ def test_token_from_the_command_can_upload_to_a_new_incident_of_its_team(client,
 
     assert response.status_code == 202
     assert Incident.objects.get(pk=response.json()["incident"]["id"]).team.name == "sre"
+
+
+@pytest.mark.django_db
+def test_an_upload_scoped_token_only_uploads(client, fixtures_dir):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    key = create_token("ci-bot", "--scope", "upload", team="sre")
+    headers = {"Authorization": f"Token {key}"}
+    path = fixtures_dir / "audit" / "openshift-requestresponse.log"
+
+    uploaded = client.post("/api/v1/uploads/", {"incident": "from CI", "file": SimpleUploadedFile(
+        path.name, path.read_bytes())}, headers=headers)
+    listed = client.get("/api/v1/incidents/", headers=headers)
+
+    assert ApiToken.objects.get(user__username="ci-bot").scope == ApiToken.Scope.UPLOAD
+    assert uploaded.status_code == 202
+    assert client.get(uploaded.json()["url"], headers=headers).status_code == 200
+    assert listed.status_code == 403 and "only upload" in listed.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_a_token_made_to_expire_works_until_then(client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    before = timezone.now()
+    key = create_token("ci-bot", "--expires-in", "7", "--scope", "full")
+
+    token = ApiToken.objects.get(user__username="ci-bot")
+    assert before + timedelta(days=7) <= token.expires_at <= timezone.now() + timedelta(days=7)
+    assert token.scope == ApiToken.Scope.FULL
+    headers = {"Authorization": f"Token {key}"}
+    assert client.get("/api/v1/incidents/", headers=headers).status_code == 200
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now())
+    assert client.get("/api/v1/incidents/", headers=headers).status_code == 401
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "message"), [
+    (["--scope", "admin"], "--scope must be one of full, upload, not 'admin'"),
+    (["--scope", "FULL"], "--scope must be one of full, upload"),
+    (["--expires-in", "0"], "--expires-in must be a whole number of days from 1 to 3650"),
+    (["--expires-in", "-3"], "not '-3'"),
+    (["--expires-in", "1.5"], "not '1.5'"),
+    (["--expires-in", "a week"], "not 'a week'"),
+    (["--expires-in", "3651"], "from 1 to 3650"),
+    (["--team", " "], "--team must name a team"),
+])
+def test_create_api_token_refuses_bad_values_and_creates_nothing(args, message):
+    with pytest.raises(CommandError, match=re.escape(message)):
+        create_token("ci-bot", *args)
+
+    assert not get_user_model().objects.filter(username="ci-bot").exists()
+    assert not ApiToken.objects.exists() and not Team.objects.exists()
+
+
+def test_create_api_token_says_what_it_made_and_bad_values_exit_1(tmp_path):
+    """From the command line: the key alone on stdout's last line, a clear error and exit code
+    1 for a bad value."""
+    env = {**os.environ, "HINDSIGHT_DATA_DIR": str(tmp_path)}
+    env.pop("DATABASE_URL", None)  # a database of its own: SQLite in tmp_path
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+
+    made = subprocess.run([*manage, "create_api_token", "ci-bot", "--scope", "upload",
+                           "--expires-in", "30"], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+    refused = subprocess.run([*manage, "create_api_token", "ci-bot", "--expires-in", "soon"],
+                             cwd=ROOT, env=env, capture_output=True, text=True)
+
+    assert made.returncode == 0, made.stderr
+    assert re.fullmatch(r"hs_[A-Za-z0-9_-]{43}", made.stdout.strip().splitlines()[-1])
+    assert "scope upload, expires " in made.stderr
+    assert refused.returncode == 1
+    assert "CommandError: --expires-in must be a whole number of days" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 @pytest.mark.django_db

@@ -26,9 +26,11 @@ from .models import Incident, Team, Upload
 
 PAGE_ROWS = 100
 # The filters the incident page's form shows (since/until, the window, have their own inputs);
-# any other EventFilterSet parameter in the URL is kept as a hidden input.
+# any other EventFilterSet parameter in the URL is kept as a hidden input. Those of MORE_FILTERS
+# sit behind "More filters" (open when one has a value), so that the timeline starts higher.
 FILTER_INPUTS = ["q", "kind", "resource", "subresource", "namespace", "name", "user", "group",
                  "impersonated_user", "verb", "code", "reason", "node", "source"]
+MORE_FILTERS = ("subresource", "group", "impersonated_user", "reason", "node", "source")
 FILTER_LABELS = {"q": "Text", "impersonated_user": "As user", "source": "Source file"}
 # Parameters of the page that are not event filters: the table's cursor, the Gantt's lanes and
 # colour, the selected event, the chosen sequence, the table-only request of the timeline
@@ -144,7 +146,10 @@ def incident_detail(request, pk):
         **table,
         # one input per value, so a repeated parameter (verb=get&verb=list) survives a submit
         "filter_inputs": [(name, FILTER_LABELS.get(name, name.replace("_", " ").capitalize()),
-                           request.GET.getlist(name) or [""]) for name in FILTER_INPUTS],
+                           request.GET.getlist(name) or [""], name in MORE_FILTERS)
+                          for name in FILTER_INPUTS],
+        "more_filters_open": any(request.GET.get(name) for name in (*MORE_FILTERS, "since",
+                                                                     "until")),
         "hidden_filters": [(name, value) for name in EventFilterSet.base_filters
                            if name not in shown for value in request.GET.getlist(name)],
         "gantt_groups": [("object", "object"), ("actor", "actor"), ("user_agent", "user agent"),

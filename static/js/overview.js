@@ -23,7 +23,7 @@
   const ORDER = ["2xx", "3xx", "open", "other", "event", "log", "trace", "4xx", "5xx"];
   const FIELDS = [["user", "Users"], ["user_agent", "User agents"], ["verb", "Verbs"],
                   ["resource", "Resources"], ["namespace", "Namespaces"], ["code", "Codes"]];
-  const SHOWN = 6;  // values per list
+  const SHOWN = 5;  // values per list
   const chart = document.getElementById("overview-chart");
   const lists = document.getElementById("overview-facets");
   const status = document.getElementById("overview-status");
@@ -99,6 +99,21 @@
     }
     chart.append(plot);
     chart.dataset.bins = bins;
+  }
+
+  // How many bursts of events the histogram holds: runs of bins with events, apart by at least
+  // two empty bins (a sixtieth of the span).
+  function bursts(histogram) {
+    if (!histogram) return 0;
+    const bins = histogram.series.reduce(
+      (sums, s) => sums.map((n, i) => n + s.counts[i]), new Array(histogram.bins).fill(0));
+    let runs = 0;
+    let empty = Infinity;
+    for (const n of bins) {
+      if (n && empty >= 2) runs++;
+      empty = n ? 0 : empty + 1;
+    }
+    return runs;
   }
 
   // A click on a bar, or a drag across bars: that stretch becomes the window.
@@ -196,9 +211,11 @@
       status.textContent = "could not load the overview";
       return;
     }
+    const apart = bursts(span.histogram);
     status.textContent = count(span.total) + " events" + (span.range
       ? " from " + shortTime(span.range[0]).slice(0, 19) + " to " +
-        shortTime(span.range[1]).slice(0, 19) : "");
+        shortTime(span.range[1]).slice(0, 19) : "") +
+      (apart > 1 ? ", in " + apart + " bursts apart from each other" : "");
     drawChart();
     refreshLists();
     strip.dataset.loaded = "1";

@@ -225,3 +225,33 @@ def test_many_lanes_page_with_readable_labels_and_the_legend_off_the_plot(open_p
     page.wait_for_function("document.getElementById('lane-range').textContent === '41–80'")
     first = page.evaluate("document.getElementById('gantt').layout.yaxis.range")
     assert first == [79.5, 39.5]
+
+
+# --- the demo incident ----------------------------------------------------------------------------
+
+def test_the_demo_incident_opens_on_what_happened(open_page, owner, incident, ingest_file,
+                                                  fixtures_dir, settings):
+    """The evidence scripts/demo.sh loads, seen cold: the first screen holds the overview and
+    the start of the timeline, whatever the uploads. Its picture is the README's
+    (docs/screenshots/first-view.png, from test-artifacts/screenshots/first-view.png)."""
+    files = [*sorted((fixtures_dir / "audit").glob("*.log")),
+             *sorted((fixtures_dir / "audit" / "falco").glob("*.json")),
+             *sorted((fixtures_dir / "events").iterdir()),
+             *sorted((fixtures_dir / "klog").iterdir()),
+             fixtures_dir / "bundles" / "sonobuoy-results-0.10.tar.gz"]
+    statuses = Counter(ingest_file(incident, path).status for path in files)
+    assert statuses == {"done": len(files) - 1, "failed": 1}  # fal_01_003.json, on purpose
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    _overview(page)
+
+    # the uploads are one line and the failed one: the overview and the plot's top are in sight
+    assert page.evaluate("document.getElementById('uploads').offsetHeight") < 120
+    top = page.evaluate("document.getElementById('overview').getBoundingClientRect().top")
+    plot = page.evaluate("""() => { const gd = document.getElementById('gantt');
+        return gd.getBoundingClientRect().top + gd._fullLayout._size.t; }""")
+    assert top < 500 and plot < 900
+    assert _listed(page, "user")  # the top users of the view, counted
+    shots = settings.BASE_DIR / "test-artifacts" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "first-view.png"))  # the first screen, as a reviewer sees it

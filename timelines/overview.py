@@ -21,7 +21,11 @@ from .figures import Bins, microseconds
 from .queries import window_of
 
 HISTOGRAM_BINS = 120
-OVERVIEW_FIELDS = ("user", "user_agent", "verb", "resource", "namespace", "code")
+# The request fields first, then those of other evidence (Events' reasons, log lines'
+# components and nodes, the files they came from): an incident of Events and logs alone has no
+# user or verb, and the page shows the lists that hold values.
+OVERVIEW_FIELDS = ("user", "user_agent", "verb", "resource", "namespace", "code", "kind",
+                   "reason", "component", "node", "source")
 DEFAULT_TOP = 8
 MAX_TOP = 100
 

@@ -36,7 +36,8 @@ def incident_overview(request, incident_pk: int):
     """The overview strip of the incident's events that match the filters: ``total``,
     ``range`` ([first, last] ``received`` or null), ``histogram`` (at most 120 equal bins by
     outcome for requests, by kind for other evidence; null without events), ``facets`` (the
-    ``top`` values, default 8, of user, user_agent, verb, resource, namespace and code) and
+    ``top`` values, default 8, of user, user_agent, verb, resource, namespace, code, kind,
+    reason, component, node and source) and
     ``window`` (a suggested first window of the events matching the filters without
     ``since``/``until``, or null: ``timelines.overview.suggest_window``)."""
     incident = get_visible_incident(request.user, incident_pk)

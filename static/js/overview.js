@@ -4,9 +4,9 @@
 // - events over time across the whole span of the filters (no window), stacked by outcome for
 //   requests and by kind for other evidence, with the current window shaded: a click on a bar,
 //   or a drag across bars, makes that stretch the window;
-// - the top users, user agents, verbs, resources, namespaces and response codes of the current
-//   view (filters and window) with their counts and errors: a click on one adds it to the
-//   filters.
+// - the top users, verbs, resources, namespaces, response codes, Event reasons, user agents …
+//   of the current view (filters and window), those that hold values, with their counts and
+//   errors: a click on one adds it to the filters.
 // Data: /api/v1/incidents/{id}/overview/ (timelines.overview); the span's overview is the one
 // timeline.js fetched for the first window (HindsightTimeline.spanOverview).
 (function () {
@@ -21,8 +21,13 @@
   const colours = JSON.parse(document.getElementById("timeline-colours").textContent);
   // stacking order, bottom up: what went well, then other evidence, then errors on top
   const ORDER = ["2xx", "3xx", "open", "other", "event", "log", "trace", "4xx", "5xx"];
-  const FIELDS = [["user", "Users"], ["user_agent", "User agents"], ["verb", "Verbs"],
-                  ["resource", "Resources"], ["namespace", "Namespaces"], ["code", "Codes"]];
+  // The lists, in order of preference: the first LISTS of them that hold a value are shown (an
+  // incident of Events and log lines has no users, verbs or codes, but reasons and components).
+  const FIELDS = [["user", "Users"], ["verb", "Verbs"], ["resource", "Resources"],
+                  ["namespace", "Namespaces"], ["code", "Codes"], ["reason", "Reasons"],
+                  ["user_agent", "User agents"], ["component", "Components"], ["node", "Nodes"],
+                  ["kind", "Kinds"], ["source", "Source files"]];
+  const LISTS = 7;
   const SHOWN = 5;  // values per list
   const chart = document.getElementById("overview-chart");
   const lists = document.getElementById("overview-facets");
@@ -153,10 +158,11 @@
 
   function drawLists(overview) {
     const facets = (overview && overview.facets) || {};
-    lists.replaceChildren(...FIELDS.map(([field, title]) => {
-      const given = facets[field] || {};
+    const valued = ([field]) => ((facets[field] || {}).values || []).some(
+      (v) => v.value !== "" && v.value !== null);
+    lists.replaceChildren(...FIELDS.filter(valued).slice(0, LISTS).map(([field, title]) => {
       // the values first, then how many events have none (Events and log lines have no user)
-      const all = Array.isArray(given) ? given : given.values || [];
+      const all = facets[field].values;
       const none = all.filter((v) => v.value === "" || v.value === null);
       const values = all.filter((v) => !none.includes(v)).slice(0, SHOWN).concat(none);
       const top = Math.max(1, ...values.filter((v) => !none.includes(v)).map((v) => v.count));
@@ -213,9 +219,9 @@
     }
     const apart = bursts(span.histogram);
     status.textContent = count(span.total) + " events" + (span.range
-      ? " from " + shortTime(span.range[0]).slice(0, 19) + " to " +
-        shortTime(span.range[1]).slice(0, 19) : "") +
-      (apart > 1 ? ", in " + apart + " bursts apart from each other" : "");
+      ? ", " + shortTime(span.range[0]).slice(0, 16) + " → " +
+        shortTime(span.range[1]).slice(0, 16) : "") +
+      (apart > 1 ? ", in " + apart + " bursts apart" : "");
     drawChart();
     refreshLists();
     strip.dataset.loaded = "1";

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -322,3 +323,23 @@ def test_sqlite_gives_the_overview_of_the_log(incident, ingest_file, demo_log, c
                     open=False) for r in kept]
     histogram = answer["histogram"]
     assert {s["name"]: s["counts"] for s in histogram["series"]} == binned(histogram, records)
+
+
+@pytest.mark.django_db
+def test_the_overview_of_kubernetes_events_lists_their_reasons(incident, ingest_file, client,
+                                                                owner, fixtures_dir):
+    path = fixtures_dir / "events" / "cribl-event-watch-stream.json"
+    assert ingest_file(incident, path).status == "done"
+    events = [json.loads(record["_raw"])["object"] for record in json.loads(path.read_text())]
+    client.force_login(owner)
+
+    answer = get(client, incident)
+
+    reasons = Counter(event.get("reason", "") for event in events)
+    assert answer["facets"]["reason"]["values"] == [
+        {"value": value, "count": count, "errors": 0}
+        for value, count in sorted(reasons.items(), key=lambda item: (-item[1], item[0]))[:8]]
+    assert answer["facets"]["kind"]["values"] == [{"value": "event", "count": len(events),
+                                                   "errors": 0}]
+    assert answer["facets"]["user"]["values"] == [{"value": "", "count": len(events),
+                                                   "errors": 0}]

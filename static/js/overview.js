@@ -152,6 +152,14 @@
     return window.location.pathname + "?" + query.toString() + "#timeline";
   }
 
+  // A long value shortened in the middle, where it says least: the end of a path or of a
+  // service account's name tells more than the start (the full value is the title).
+  function shorten(text, limit = 23) {
+    if (text.length <= limit) return text;
+    const head = Math.floor((limit - 1) / 3);
+    return text.slice(0, head) + "…" + text.slice(text.length - (limit - 1 - head));
+  }
+
   function isError(field, value) {
     return field === "code" && Number(value) >= 400;
   }
@@ -173,7 +181,7 @@
         const width = Math.min(100, Math.round(100 * v.count / top));
         const bar = empty ? null : el("span", {class: "facet-bar" + (errors ? " has-errors" : ""),
                                                style: "width:" + width + "%"});
-        const name = el("span", {class: "facet-value", title: label}, label);
+        const name = el("span", {class: "facet-value", title: label}, shorten(label));
         const numbers = el("span", {class: "facet-count"}, count(v.count),
                            errors && !isError(field, v.value)
                              ? el("span", {class: "facet-errors", title: "answered 4xx or 5xx"},

@@ -25,7 +25,7 @@ from django.db.models import Sum
 
 from incidents.models import Incident, Team, Upload
 from timelines.bundles import is_bundle
-from timelines.ingest import bulk, create_local_upload, ingest_upload, settle_years
+from timelines.ingest import IncidentGone, bulk, create_local_upload, ingest_upload, settle_years
 from timelines.queries import shared_cache, warm_overview
 
 
@@ -73,6 +73,15 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         incident = self._incident(options)
+        try:
+            self._ingest(incident, options)
+        except (IncidentGone, Upload.DoesNotExist):
+            if Incident.objects.filter(pk=incident.pk).exists():
+                raise
+            raise CommandError(f"incident {incident.pk} was deleted while its files were being "
+                               "ingested: nothing of them is kept") from None
+
+    def _ingest(self, incident: Incident, options) -> None:
         uploads = []
         for path in map(Path, options["paths"]):
             if path.is_file() or path.is_dir():  # a directory is read as a bundle

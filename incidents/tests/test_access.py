@@ -301,6 +301,8 @@ SPECS = {
     ("incident-events-json", "GET"): (READ, lambda w: inc(w, "events.json")),
     ("incident-event-step", "GET"): (READ, lambda w: inc(w, "events/step/")),
     ("incident-figure", "GET"): (READ, lambda w: inc(w, "figure/")),
+    ("incident-facets", "GET"): (READ, lambda w: inc(w, "facets/?field=verb")),
+    ("incident-overview", "GET"): (READ, lambda w: inc(w, "overview/")),
     ("api:incident-annotation-list", "GET"): (READ, lambda w: inc(w, "annotations/")),
     ("api:incident-annotation-list", "POST"): (WRITE, lambda w: (
         inc(w, "annotations/"), {"start": _now(), "note": "seen"})),

@@ -270,6 +270,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # The URL decides the representation: never a 406 (see the module).
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "hindsight.negotiation.UrlFormatNegotiation",
+    # An incident deleted while a request writes to it: 404, not a 500 (incidents.models.writing)
+    "EXCEPTION_HANDLER": "hindsight.exceptions.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 

@@ -34,7 +34,7 @@ from .access import (
     visible_incidents,
 )
 from .auth import ApiRateThrottle, UploadRateThrottle
-from .models import Incident, Team, Upload
+from .models import Incident, IncidentGone, Team, Upload, writing
 from .serializers import (
     GrantSerializer,
     GrantWriteSerializer,
@@ -73,7 +73,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         serializer = IncidentUpdateSerializer(incident, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         try:
-            with transaction.atomic():
+            with writing(incident.pk):
                 serializer.save()
         except IntegrityError:  # the same key arrived in that team meanwhile
             raise ValidationError({"team": "That team already has an incident with this "
@@ -109,9 +109,10 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         team = serializer.validated_data["team"]
         if team.pk == incident.team_id:
             raise ValidationError({"team": "The incident already belongs to that team."})
-        grant, created = IncidentGrant.objects.update_or_create(
-            incident=incident, team=team,
-            defaults={"role": serializer.validated_data["role"], "granted_by": request.user})
+        with writing(incident.pk):
+            grant, created = IncidentGrant.objects.update_or_create(
+                incident=incident, team=team,
+                defaults={"role": serializer.validated_data["role"], "granted_by": request.user})
         return Response(GrantSerializer(grant).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
@@ -149,7 +150,8 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         serializer = ShareLinkCreateSerializer(data=request.data,
                                                context={"incident": incident})
         serializer.is_valid(raise_exception=True)
-        link, key = ShareLink.issue(incident, request.user, **serializer.validated_data)
+        with writing(incident.pk):
+            link, key = ShareLink.issue(incident, request.user, **serializer.validated_data)
         answer = ShareLinkCreatedSerializer(link, context={"request": request, "key": key})
         return Response(answer.data, status=status.HTTP_201_CREATED)
 
@@ -327,23 +329,25 @@ SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 def create_upload(incident: Incident, received, user, *, idempotency_key: str = "") -> Upload:
     """Move an uploaded file (already streamed to a temporary file by Django, or in memory when
     small) into the upload directory and queue its ingest once the transaction commits. If the
-    row cannot be made (a repeated ``idempotency_key``), the file is removed again."""
+    row cannot be made (a repeated ``idempotency_key``, ``IncidentGone``: the incident was
+    deleted meanwhile), the file is removed again."""
     name = Path(received.name or "upload").name[:200] or "upload"
     folder = Path(settings.UPLOAD_DIR) / uuid.uuid4().hex
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / (SAFE_NAME.sub("_", name) or "upload")
-    if hasattr(received, "temporary_file_path"):
-        shutil.move(received.temporary_file_path(), target)
-    else:
-        with target.open("wb") as out:
-            for chunk in received.chunks():
-                out.write(chunk)
     try:
-        upload = Upload.objects.create(incident=incident, name=name, path=str(target),
-                                       path_is_copy=True, uploaded_by=user,
-                                       bytes_total=target.stat().st_size,
-                                       idempotency_key=idempotency_key)
-    except IntegrityError:
+        with writing(incident.pk):
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / (SAFE_NAME.sub("_", name) or "upload")
+            if hasattr(received, "temporary_file_path"):
+                shutil.move(received.temporary_file_path(), target)
+            else:
+                with target.open("wb") as out:
+                    for chunk in received.chunks():
+                        out.write(chunk)
+            upload = Upload.objects.create(incident=incident, name=name, path=str(target),
+                                           path_is_copy=True, uploaded_by=user,
+                                           bytes_total=target.stat().st_size,
+                                           idempotency_key=idempotency_key)
+    except (IntegrityError, IncidentGone):
         shutil.rmtree(folder, ignore_errors=True)
         raise
     enqueue_ingest(upload.pk)

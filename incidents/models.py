@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models, transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -71,6 +73,42 @@ class Incident(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("incidents:detail", args=[self.pk])
+
+
+class IncidentGone(Exception):
+    """The incident was deleted: nothing more of it is written (its evidence is being purged).
+    The API answers 404, as for any incident one cannot see (``access.exception_handler``)."""
+
+
+def hold_incident(incident_id: int) -> None:
+    """Inside a writing transaction: raise ``IncidentGone`` unless the incident still exists, and
+    keep it from being deleted until the transaction ends. Every write of something of an
+    incident (its events, uploads, annotations, sequences, grants, share links) calls it first.
+
+    On PostgreSQL with ``FOR KEY SHARE``, the row lock a foreign key check takes: the deletion
+    (``timelines.ingest.purge.delete_incident`` locks the row ``FOR UPDATE`` first) waits for a
+    write in progress, and a write that starts after it finds no row, instead of failing its
+    foreign key check at commit (a 500, and an uploaded file left on disk). On SQLite every
+    writing transaction is IMMEDIATE, so writers run one at a time anyway. Either way nothing of
+    an incident is committed after its deletion, so the purge that follows sees all of it. One
+    indexed lookup.
+    """
+    lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {Incident._meta.db_table} WHERE id = %s{lock}",
+                       [incident_id])
+        if cursor.fetchone() is None:
+            raise IncidentGone(f"incident {incident_id} was deleted")
+
+
+@contextmanager
+def writing(incident_id: int) -> Iterator[None]:
+    """``with writing(incident.pk):`` a transaction that holds the incident (``hold_incident``):
+    what is written in it belongs to an incident that exists, or nothing is (``IncidentGone``,
+    which the API and the pages answer with 404)."""
+    with transaction.atomic():
+        hold_incident(incident_id)
+        yield
 
 
 class Upload(models.Model):

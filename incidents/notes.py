@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import models, transaction
+from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 
@@ -97,8 +98,9 @@ def locked_sequence(pk: int) -> Iterator[tuple[Sequence, list[SequenceStep]]]:
     """``with locked_sequence(pk) as (sequence, steps)``: a transaction holding the sequence's
     row lock, so concurrent edits of its steps apply one after the other."""
     with transaction.atomic():
-        sequence = Sequence.objects.select_related("incident").select_for_update(
-            of=("self",)).get(pk=pk)
+        # gone meanwhile (its incident deleted): 404, as for a sequence one cannot see
+        sequence = get_object_or_404(Sequence.objects.select_related("incident")
+                                     .select_for_update(of=("self",)), pk=pk)
         yield sequence, list(sequence.steps.select_related("annotation"))
 
 

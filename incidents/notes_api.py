@@ -31,7 +31,7 @@ from timelines.models import Event
 from . import notes
 from .access import can_write, get_visible_incident
 from .markdown import render_markdown
-from .models import Incident
+from .models import Incident, writing
 from .notes import Annotation, Sequence, SequenceStep
 
 MAX_NOTE = 20_000
@@ -203,7 +203,9 @@ class IncidentAnnotationViewSet(IncidentScoped, mixins.ListModelMixin, mixins.Cr
         return context
 
     def perform_create(self, serializer) -> None:
-        serializer.save(incident=self.get_incident(), author=self.request.user)
+        incident = self.get_incident()
+        with writing(incident.pk):
+            serializer.save(incident=incident, author=self.request.user)
 
 
 class AnnotationViewSet(mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
@@ -377,7 +379,7 @@ class IncidentSequenceViewSet(IncidentScoped, mixins.ListModelMixin, mixins.Crea
         incident = self.get_incident()
         written = SequenceWriteSerializer(data=request.data)
         written.is_valid(raise_exception=True)
-        with transaction.atomic():
+        with writing(incident.pk):
             steps = resolve_steps(incident, written.validated_data["steps"], {})
             sequence = Sequence.objects.create(incident=incident, author=request.user,
                                                title=written.validated_data["title"])
@@ -407,8 +409,11 @@ class SequenceViewSet(mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
     permission_classes = PERMISSIONS
 
     def get_queryset(self):
+        # the incident with the sequence, in one query: its permission check must not load it
+        # later, when it may have been deleted meanwhile
         return sequences_with_steps(Sequence.objects.filter(
-            incident__in=Incident.objects.visible_to(self.request.user)))
+            incident__in=Incident.objects.visible_to(self.request.user)).select_related(
+                "incident"))
 
     def retrieve(self, request, *args, **kwargs):
         return Response(sequence_output([self.get_object()], self.get_serializer_context())[0])

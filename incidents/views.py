@@ -22,7 +22,7 @@ from timelines.tasks import requeue_lost_purges, requeue_stale_uploads
 
 from .access import can_administer, can_upload, can_write, get_visible_incident, upload_teams
 from .api import create_upload
-from .models import Incident, Team, Upload
+from .models import Incident, IncidentGone, Team, Upload
 
 PAGE_ROWS = 100
 # The filters the incident page's form shows (since/until, the window, have their own inputs);
@@ -104,7 +104,10 @@ def _accept_files(request, incident: Incident, files) -> None:
             messages.error(request, f"{received.name}: {received.size} bytes is more than the "
                                     f"{settings.MAX_UPLOAD_BYTES} bytes this server accepts.")
             continue
-        create_upload(incident, received, request.user)
+        try:
+            create_upload(incident, received, request.user)
+        except IncidentGone:
+            raise Http404("No such incident: it has been deleted.") from None
 
 
 @login_required

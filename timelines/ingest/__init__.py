@@ -15,10 +15,10 @@ from __future__ import annotations
 from .bulk import drop_incident_partition, finish_load, start_load
 from .pipeline import create_local_upload, fail_upload, ingest_upload
 from .purge import delete_incident, purge_incident, record_deletion
-from .store import IncidentGone, write_rows
+from .store import write_rows
 from .years import settle_years
 
-__all__ = ["IncidentGone", "create_local_upload", "delete_incident", "drop_incident_partition",
+__all__ = ["create_local_upload", "delete_incident", "drop_incident_partition",
            "fail_upload", "finish_load",
            "purge_incident", "record_deletion", "ingest_upload", "settle_years", "start_load",
            "write_rows"]

@@ -22,7 +22,7 @@ Invariants:
 - ``drop_incident_partition`` is the fast way to delete an incident's events (the purge of a
   deleted incident uses it, ``timelines.ingest.purge``).
 - A load whose incident is deleted meanwhile becomes visible nowhere: every batch and the end of
-  ``finish_load`` hold the incident's row (``store.hold_incident``).
+  ``finish_load`` hold the incident's row (``incidents.models.hold_incident``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from functools import partial
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
-from incidents.models import Upload
+from incidents.models import Upload, hold_incident
 
 from .store import (
     _MERGE_WHERE,
@@ -48,7 +48,6 @@ from .store import (
     COLUMNS,
     _delete_orphan_chunks,
     analyze,
-    hold_incident,
 )
 
 log = logging.getLogger(__name__)

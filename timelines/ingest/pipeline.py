@@ -23,7 +23,7 @@ from django.db import close_old_connections, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
-from incidents.models import Incident, Upload
+from incidents.models import Incident, IncidentGone, Upload
 
 from ..bundles import is_bundle
 from ..parsers import (
@@ -41,7 +41,6 @@ from .bundle import finish_bundle, remove_work_dir, unpack_upload
 from .store import (
     CHUNK_ROWS,
     ChunkIds,
-    IncidentGone,
     analyze_incident,
     copy_affixes,
     write_copy,
@@ -76,8 +75,8 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
 
     If the row is deleted while it is being ingested (its incident was deleted, or a redelivered
     bundle started over), the ingest stops at its next batch or progress report and returns None:
-    no event is written for a deleted incident (``store.hold_incident``), and what this run may
-    have unpacked after the incident's purge is removed.
+    no event is written for a deleted incident (``incidents.models.hold_incident``), and what
+    this run may have unpacked after the incident's purge is removed.
 
     ``table``: COPY the rows into this load table of ``timelines.ingest.bulk`` (PostgreSQL)
     rather than merging them into the store; the load's end deduplicates and attaches them.

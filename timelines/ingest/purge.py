@@ -21,9 +21,9 @@ index, and deletes the ``IncidentPurge`` row last.
 Why this is sound:
 
 - Nothing is written for the incident after its deletion commits: every batch of the writer
-  holds the incident's row (``store.hold_incident``), so an ingest still running stops at its
-  next batch with ``IncidentGone`` and the purge sees every event there is. Run once, it is
-  complete.
+  holds the incident's row (``incidents.models.hold_incident``), so an ingest still running
+  stops at its next batch with ``IncidentGone`` and the purge sees every event there is. Run
+  once, it is complete.
 - Incident ids are never reused (PostgreSQL sequences never go back; on SQLite Django's
   ``AutoField`` is ``AUTOINCREMENT``), so a purge can only ever meet rows of the deleted
   incident, and nothing cached under its id can be served to another one.
@@ -68,7 +68,7 @@ def delete_incident(incident: Incident) -> bool:
     docstring."""
     with transaction.atomic():
         # First the row lock: a batch being written finishes, and no later one starts (see
-        # store.hold_incident); concurrent uploads to it fail rather than the deletion.
+        # incidents.models.hold_incident); concurrent writes to it fail rather than the deletion.
         locked = Incident.objects.select_for_update().filter(pk=incident.pk).first()
         if locked is None:
             return False

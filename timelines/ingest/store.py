@@ -10,9 +10,9 @@ The merge rule makes ingest idempotent and order-free: a stored row is replaced 
 stage of the same request (an open span by its completion) or a later sighting of the same
 evidence, so ingesting the same content again changes nothing and every event keeps its id.
 
-Every batch first holds its incident's row (``hold_incident``): once an incident's deletion has
-committed, no batch of it is written any more, which is what lets ``purge`` remove its events
-once, in the background.
+Every batch first holds its incident's row (``incidents.models.hold_incident``): once an
+incident's deletion has committed, no batch of it is written any more, which is what lets
+``purge`` remove its events once, in the background.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import orjson
 import psycopg
 from django.db import IntegrityError, connection, transaction
 
-from incidents.models import Incident
+from incidents.models import hold_incident
 
 from ..models import BodyChunk, Event
 from ..parsers import Row
@@ -93,29 +93,6 @@ def write_copy(incident_id: int, upload_id: int | None, batch: CopyRows, *,
         if optimistic and _copy_new(batch.text):
             return batch.rows
         return _merge_postgres(batch.text, [chunk_id for chunk_id, _ in batch.bodies])
-
-
-class IncidentGone(Exception):
-    """The incident was deleted: nothing more of it is written (its evidence is being purged)."""
-
-
-def hold_incident(incident_id: int) -> None:
-    """Inside a writing transaction: raise ``IncidentGone`` unless the incident still exists, and
-    keep it from being deleted until the transaction ends.
-
-    On PostgreSQL with ``FOR KEY SHARE``, the row lock a foreign key check takes: the deletion
-    (``purge.delete_incident`` locks the row ``FOR UPDATE`` first) waits for a batch being
-    written, and a batch that starts after it finds no row. On SQLite every writing transaction
-    is IMMEDIATE, so writers run one at a time anyway. Either way no event or body chunk of an
-    incident is committed after its deletion, so the purge that follows sees all of them. One
-    indexed lookup per batch (thousands of rows), not a foreign key check per row.
-    """
-    lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT 1 FROM {Incident._meta.db_table} WHERE id = %s{lock}",
-                       [incident_id])
-        if cursor.fetchone() is None:
-            raise IncidentGone(f"incident {incident_id} was deleted")
 
 
 class ChunkIds:

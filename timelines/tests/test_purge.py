@@ -15,9 +15,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from incidents.models import Incident, Upload
+from incidents.models import Incident, IncidentGone, Upload
 from timelines.ingest import (
-    IncidentGone,
     bulk,
     create_local_upload,
     delete_incident,
@@ -150,7 +149,7 @@ def test_an_ingest_stops_when_its_incident_is_deleted_and_leaves_nothing_behind(
 
     assert result is None  # no exception, nothing to report: the row is gone
     assert 0 < seen["deleted"] < 12_000
-    # Not one batch was written after the deletion committed (store.hold_incident) ...
+    # Not one batch was written after the deletion committed (incidents.models.hold_incident) ...
     assert Event.objects.filter(incident_id=incident.pk).count() == seen["deleted"]
     assert not Upload.objects.filter(pk=upload.pk).exists()
     # ... so the purge that the deletion queued removes everything, once.

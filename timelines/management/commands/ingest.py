@@ -23,9 +23,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 from django.db.models import Sum
 
-from incidents.models import Incident, Team, Upload
+from incidents.models import Incident, IncidentGone, Team, Upload
 from timelines.bundles import is_bundle
-from timelines.ingest import IncidentGone, bulk, create_local_upload, ingest_upload, settle_years
+from timelines.ingest import bulk, create_local_upload, ingest_upload, settle_years
 from timelines.queries import shared_cache, warm_overview
 
 

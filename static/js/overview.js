@@ -240,6 +240,7 @@
     drawChart();  // the window's shading
     refreshLists();
   });
+  strip.addEventListener("toggle", () => { if (strip.open) drawChart(); });  // folded: no width
   let resizing = 0;
   window.addEventListener("resize", () => {
     clearTimeout(resizing);

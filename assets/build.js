@@ -1,5 +1,10 @@
 // Builds dist/plotly-timeline.min.js from plotly-timeline.js with the options of plotly.js's own
 // build (node_modules/plotly.js/esbuild-config.js), minified. Run by scripts/assets.sh.
+//
+// package.json pins regl-line2d to 3.1.3 ("overrides"), the version plotly.js's own dist holds:
+// 3.1.4 takes a reversed axis range (the Gantt's lanes run downwards) for an empty one and draws
+// every WebGL line on the plot's edge. timelines/tests/test_browser_drawing.py reads the pixels
+// of the built bundle's Gantt and fails on such a build.
 'use strict';
 
 const path = require('path');

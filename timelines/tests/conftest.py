@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from timelines.models import Event
 
@@ -51,3 +52,15 @@ def falco(incident, ingest_file, fixtures_dir) -> list[dict]:
     for request in requests:
         request["id"] = ids[request["audit_id"]]
     return sorted(requests, key=lambda r: (r["received"], r["id"]))
+
+
+@pytest.fixture
+def drop_partitions():
+    """A flush empties the tables but keeps partitions and load tables: drop this test's."""
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND (c.relname ~"
+            " '^timelines_event_load_[0-9]+$' OR c.relname ~ '^timelines_event_[0-9]+$')")
+        for (name,) in cursor.fetchall():
+            cursor.execute(f"DROP TABLE {name}")

@@ -27,15 +27,8 @@ COMPARED = [f.attname for f in Event._meta.concrete_fields
 
 
 @pytest.fixture(autouse=True)
-def _drop_partitions():
-    """A flush empties the tables but keeps partitions and load tables: drop this test's."""
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND (c.relname ~"
-            " '^timelines_event_load_[0-9]+$' OR c.relname ~ '^timelines_event_[0-9]+$')")
-        for (name,) in cursor.fetchall():
-            cursor.execute(f"DROP TABLE {name}")
+def _drop_partitions(drop_partitions):
+    """Every test of this module may leave partitions or load tables."""
 
 
 # --- helpers -----------------------------------------------------------------------------------

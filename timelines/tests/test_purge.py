@@ -31,18 +31,6 @@ from .test_bulk import audit_event, has_partition, load, table_exists, write_log
 from .test_worker import _big_audit_log
 
 
-@pytest.fixture
-def drop_partitions():
-    """A flush empties the tables but keeps partitions and load tables: drop this test's."""
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND (c.relname ~"
-            " '^timelines_event_load_[0-9]+$' OR c.relname ~ '^timelines_event_[0-9]+$')")
-        for (name,) in cursor.fetchall():
-            cursor.execute(f"DROP TABLE {name}")
-
-
 def counts(incident_id: int) -> tuple[int, int]:
     return (Event.objects.filter(incident_id=incident_id).count(),
             BodyChunk.objects.filter(incident_id=incident_id).count())

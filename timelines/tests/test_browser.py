@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from hindsight.testing import page_query, wait_for_detail
+from hindsight.testing import page_query, wait_for_detail, write_audit_log
 from timelines.figures import hover_texts
 from timelines.models import Event
 
@@ -422,18 +422,8 @@ def test_a_large_incident_draws_a_heatmap_until_a_window_is_narrow(open_page, ow
     # volume by cloning one request: new auditIDs, shifted timestamps, thirty pods
     start = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
     step = timedelta(milliseconds=180)
-    lines = []
-    for n in range(20_050):
-        stamp = (start + n * step).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        lines.append(json.dumps({
-            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
-            "auditID": f"clone-{n:08d}", "stage": "ResponseComplete", "verb": "get",
-            "requestURI": f"/api/v1/namespaces/shop/pods/web-{n % 30}",
-            "user": {"username": "kubelet"}, "responseStatus": {"code": 200},
-            "objectRef": {"resource": "pods", "namespace": "shop", "name": f"web-{n % 30}"},
-            "requestReceivedTimestamp": stamp, "stageTimestamp": stamp}))
     path = tmp_path / "cloned-20050-requests.log"
-    path.write_text("\n".join(lines) + "\n")
+    write_audit_log(path, start, [n * step for n in range(20_050)])
     assert ingest_file(incident, path).status == "done"
     page = open_page(owner, f"/incidents/{incident.pk}/")
     _drawn(page)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from hindsight.testing import page_query
+from hindsight.testing import page_query, write_audit_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,22 +37,6 @@ def _listed(page, field: str) -> dict[str, int]:
             a.dataset.value,
             Number(a.querySelector('.facet-count').firstChild.textContent.replace(/,/g, ''))]))""",
                          field)
-
-
-def _audit_log(path, start: datetime, offsets: list[timedelta], *, user: str = "kubelet",
-               code: int = 200) -> None:
-    """A JSON-lines audit log of one GET per offset from ``start`` on thirty pods."""
-    lines = []
-    for n, offset in enumerate(offsets):
-        stamp = (start + offset).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        lines.append(json.dumps({
-            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
-            "auditID": f"{path.stem}-{n:06d}", "stage": "ResponseComplete", "verb": "get",
-            "requestURI": f"/api/v1/namespaces/shop/pods/web-{n % 30}",
-            "user": {"username": user}, "responseStatus": {"code": code},
-            "objectRef": {"resource": "pods", "namespace": "shop", "name": f"web-{n % 30}"},
-            "requestReceivedTimestamp": stamp, "stageTimestamp": stamp}))
-    path.write_text("\n".join(lines) + "\n")
 
 
 # --- the overview strip ---------------------------------------------------------------------------
@@ -120,10 +104,10 @@ def test_a_filter_box_suggests_the_values_under_the_other_filters(open_page, own
 def test_the_page_opens_where_the_events_are_and_one_click_shows_the_whole_span(
         open_page, owner, incident, ingest_file, tmp_path):
     burst = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
-    _audit_log(tmp_path / "burst.log", burst, [timedelta(seconds=2 * n) for n in range(300)])
+    write_audit_log(tmp_path / "burst.log", burst, [timedelta(seconds=2 * n) for n in range(300)])
     stragglers = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
-    _audit_log(tmp_path / "stragglers.log", stragglers, [timedelta(minutes=n) for n in range(3)],
-               user="old-cron")
+    write_audit_log(tmp_path / "stragglers.log", stragglers,
+                    [timedelta(minutes=n) for n in range(3)], user="old-cron")
     for name in ("burst.log", "stragglers.log"):
         assert ingest_file(incident, tmp_path / name).status == "done"
     page = open_page(owner, f"/incidents/{incident.pk}/")

@@ -60,8 +60,15 @@ def warm_overview_task(incident_id: int) -> None:
     task does this when it finishes). Both steps are idempotent: database errors are retried; a
     failure leaves the guessed years until the incident's next upload finishes, and the first
     page view counts the figures itself."""
+    finish_incident(incident_id)
+
+
+def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
+    """What follows the last upload of an incident to finish, wherever uploads are ingested (a
+    worker, the embedded thread, ``manage.py ingest``): guessed years settled, then the overview
+    counted (``cache_figures``: see ``queries.warm_overview``)."""
     settle_years(incident_id)
-    warm_overview(incident_id)
+    warm_overview(incident_id, cache_figures=cache_figures)
 
 
 def _spawn(upload_ids: list[int]) -> None:
@@ -167,8 +174,7 @@ def _start_thread(upload_id: int) -> None:
             fail_upload(upload_id, "ingest failed unexpectedly; see the server log")
         else:
             if upload is not None and upload.finished:
-                settle_years(upload.incident_id)
-                warm_overview(upload.incident_id)
+                finish_incident(upload.incident_id)
         finally:
             connection.close()
 

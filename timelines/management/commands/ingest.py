@@ -25,8 +25,9 @@ from django.db.models import Sum
 
 from incidents.models import Incident, IncidentGone, Team, Upload
 from timelines.bundles import is_bundle
-from timelines.ingest import bulk, create_local_upload, ingest_upload, settle_years
-from timelines.queries import shared_cache, warm_overview
+from timelines.ingest import bulk, create_local_upload, ingest_upload
+from timelines.queries import shared_cache
+from timelines.tasks import finish_incident
 
 
 def _start_child() -> None:
@@ -125,11 +126,9 @@ class Command(BaseCommand):
                 self._report(Upload.objects.get(pk=upload_id), options["json"])
         # Files were ingested in parallel: a log whose lines have no year may have been read
         # before the evidence that gives it one (timelines.ingest.years; logged, and in --json
-        # the file's notes).
-        settle_years(incident.pk)
-        # The column index is on disk, which the web processes share; the overview figures
-        # only when they share this process's cache too.
-        warm_overview(incident.pk, cache_figures=shared_cache())
+        # the file's notes). The column index is on disk, which the web processes share; the
+        # overview figures only when they share this process's cache too.
+        finish_incident(incident.pk, cache_figures=shared_cache())
         top = list(Upload.objects.filter(pk__in=[u.pk for u in uploads]).order_by("pk"))
         # One entry per file: a bundle's files stand for the bundle.
         entries = []

@@ -62,6 +62,7 @@ LABEL_CHARS = 44
 # text gives the true duration.
 MIN_BAR_SHARE = 1 / 500
 MIN_BAR = timedelta(milliseconds=1)  # when the window itself has no length (one instant)
+EDGE_SHARE = 0.015  # the margin on each side of a Gantt drawn without a window
 MICROSECOND = timedelta(microseconds=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -317,8 +318,12 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
                                    "ticktext": [short_label(name) for name in names]})
     layout["hovermode"] = "closest"
     if left is not None and right is not None and right > left:
-        layout["xaxis"]["range"] = [(window_start or _moment(left)).isoformat(),
-                                    (window_end or _moment(right)).isoformat()]
+        # A side the caller did not fix gets a margin: the first and last events would
+        # otherwise sit on the plot's edge, their markers half under the lane labels.
+        margin = (right - left) * EDGE_SHARE
+        layout["xaxis"]["range"] = [
+            (window_start or _moment(round(left - margin))).isoformat(),
+            (window_end or _moment(round(right + margin))).isoformat()]
     return {
         "data": data,
         "layout": layout,

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from timelines.figures import (
+    EDGE_SHARE,
     LABEL_CHARS,
     LANES_PER_PAGE,
     MIN_BAR_SHARE,
@@ -140,7 +141,10 @@ def test_a_one_millisecond_request_in_a_half_hour_window_is_drawn_at_least_a_pix
     x0, x1, _, _ = _segments(_trace(figure, "get"))[0]
     width = timedelta(microseconds=round(x1 * 1000) - round(x0 * 1000))
     assert width >= timedelta(seconds=1800.5) * MIN_BAR_SHARE  # 3.6 s of 30 min
-    assert figure["layout"]["xaxis"]["range"] == [_at(0).isoformat(), _at(1800.5).isoformat()]
+    # the events' span and a margin of EDGE_SHARE on each side, so none sits on the edge
+    margin = 1800.5 * EDGE_SHARE
+    assert figure["layout"]["xaxis"]["range"] == [_at(-margin).isoformat(),
+                                                  _at(1800.5 + margin).isoformat()]
 
 
 def test_zero_length_requests_still_draw_when_the_window_is_one_instant():

@@ -25,7 +25,7 @@ esbuild.build({
   minify: true,
   sourcemap: false,
   banner: {
-    js: `/*! plotly.js v${version}, partial bundle for Hindsight (core, scattergl, heatmap). ` +
+    js: `/*! plotly.js v${version}, partial bundle for Hindsight (core, scattergl, heatmap, bar, box). ` +
         'Copyright Plotly Technologies Inc. MIT license */',
   },
   plugins: [InlineCSSPlugin(), glsl({ minify: true }), environmentPlugin({ NODE_DEBUG: false })],

@@ -13,6 +13,13 @@ from incidents.notes_api import (
     IncidentSequenceViewSet,
     SequenceViewSet,
 )
+from timelines.analysis import (
+    compare_views,
+    history_views,
+    insights_views,
+    pods_views,
+    stats_views,
+)
 from timelines.api import (
     EventViewSet,
     IncidentEventViewSet,
@@ -55,6 +62,20 @@ urlpatterns = [
     path("api/v1/incidents/<int:incident_pk>/facets/", incident_facets, name="incident-facets"),
     path("api/v1/incidents/<int:incident_pk>/overview/", incident_overview,
          name="incident-overview"),
+    # analysis (timelines.analysis): its API, then its pages
+    path("api/v1/incidents/<int:incident_pk>/stats/", stats_views.stats_api,
+         name="incident-stats"),
+    path("api/v1/incidents/<int:incident_pk>/insights/", insights_views.insights_api,
+         name="incident-insights"),
+    path("api/v1/incidents/<int:incident_pk>/pods/", pods_views.pods_api, name="incident-pods"),
+    path("api/v1/incidents/<int:incident_pk>/compare/", compare_views.compare_api,
+         name="incident-compare"),
+    path("api/v1/incidents/<int:incident_pk>/history/", history_views.history_api,
+         name="incident-history"),
+    path("incidents/<int:pk>/stats/", stats_views.stats_page, name="stats-page"),
+    path("incidents/<int:pk>/pods/", pods_views.pods_page, name="pods-page"),
+    path("incidents/<int:pk>/compare/", compare_views.compare_page, name="compare-page"),
+    path("incidents/<int:pk>/history/", history_views.history_page, name="history-page"),
     # before the router: its format suffixes would read events.json as the list in JSON
     path("api/v1/incidents/<int:incident_pk>/events.json", incident_events_json,
          name="incident-events-json"),

@@ -1,0 +1,15 @@
+"""HTTP side of ``timelines.analysis.stats``: not built yet."""
+
+from __future__ import annotations
+
+from django.http import HttpResponse
+from rest_framework.decorators import api_view
+
+
+@api_view(["GET"])
+def stats_api(request, incident_pk: int):
+    return HttpResponse(status=501)
+
+
+def stats_page(request, pk: int):
+    return HttpResponse(status=501)

@@ -113,9 +113,10 @@ def unpack(path: Path, workdir: Path, limits: Limits = DEFAULT_LIMITS) -> Iterat
 
     Extraction streams (memory does not grow with file sizes), but members are yielded once the
     whole bundle is on disk: a file's layout and the collection year can depend on files later
-    in the archive. A hostile entry is refused alone. A member over the ratio is refused and
-    skipped. Over the byte budget, the file count or the overall ratio, the member at hand is
-    refused and unpacking stops: what was extracted before stays. A corrupt or truncated
+    in the archive. A hostile entry is refused alone, and so is a member over the ratio (its
+    own, or the bundle's overall ratio): it is skipped and what follows it is read. Over the
+    byte budget or the file count, limits of the whole bundle, the member at hand is refused
+    and unpacking stops: what was extracted before stays. A corrupt or truncated
     archive keeps what was read before the damage and adds one refused ``corrupt archive: …``
     member (a zip member with a bad CRC fails alone). Nested archives are unpacked in place of
     the archive file, up to ``limits.max_depth``; single gzip files are left as they are.
@@ -340,20 +341,34 @@ class _Unpacker:
         self.where: dict[str, int] = {}  # extracted name -> index: a later duplicate replaces it
         self.produced = 0  # uncompressed bytes out of every archive (or copied from a directory)
         self.consumed = 0  # bytes read from the upload itself
+        # Of ``produced``, the bytes of refused members (read before the refusal, or skipped
+        # after it): they cost work, so they count against the byte budget, but nothing of them
+        # is kept, so they do not count for the bundle's ratio, or one bomb would stop the rest.
+        self.dropped = 0
         self.entries = 0
         self.latest_mtime: float | None = None
 
     def ratio_reason(self, ratio: float) -> str:
-        return f"compression ratio {ratio:.0f} over {self.limits.max_ratio:g}"
+        # Whole numbers, unless rounding would show a ratio just over the limit as equal to it.
+        shown = f"{ratio:.0f}" if round(ratio) > self.limits.max_ratio else f"{ratio:.2f}"
+        return f"compression ratio {shown} over {self.limits.max_ratio:g}"
 
     def produce(self, size: int) -> None:
         self.produced += size
         if self.produced > self.limits.max_total_bytes:
             raise _Stop("over the size limit")
-        if self.produced > RATIO_GRACE:
-            ratio = self.produced / max(self.consumed, 1)
-            if ratio > self.limits.max_ratio:
-                raise _Stop(self.ratio_reason(ratio))
+
+    def bundle_ratio(self) -> float:
+        """Kept uncompressed bytes over the bytes read from the upload, or 0 within the grace."""
+        kept = self.produced - self.dropped
+        return kept / max(self.consumed, 1) if kept > RATIO_GRACE else 0.0
+
+    def discard(self, src, already: int = 0) -> None:
+        """Read a refused member to its end (a tar stream has no other way past it), counting
+        what it produced, ``already`` read included, as dropped."""
+        self.dropped += already
+        while chunk := src.read(CHUNK):
+            self.dropped += len(chunk)
 
     def refuse(self, name: str, reason: str, size: int = 0) -> None:
         self.members.append(Member(name, None, size, ParseHints(), "", reason))
@@ -438,6 +453,8 @@ class _Unpacker:
                 reason = _tar_refusal(info) or reason
                 if reason:
                     self.refuse(shown, reason, info.size)
+                    if info.isreg():  # its data is skipped, and kept nowhere
+                        self.discard(tar.extractfile(info))
                     continue
                 start = raw.count
                 self.write(prefix + clean, tar.extractfile(info), info.size,  # type: ignore[arg-type]
@@ -476,7 +493,7 @@ class _Unpacker:
                     continue
                 try:
                     self.write(prefix + clean, src, info.file_size,
-                               lambda info=info: info.compress_size, depth)
+                               lambda info=info: info.compress_size, depth, stream=False)
                 except _Broken:
                     continue  # reported; a zip's other members do not depend on this one
                 finally:
@@ -521,16 +538,17 @@ class _Unpacker:
                 with handle, contextlib.suppress(_Broken):  # an unreadable file: reported, next
                     raw = _Raw(handle, self)
                     self.write(clean, _Produced(raw, self), os.fstat(fd).st_size,
-                               lambda raw=raw: raw.count + RATIO_SLACK, 0)
+                               lambda raw=raw: raw.count + RATIO_SLACK, 0, stream=False)
             stack.extend(reversed(subdirs))  # depth first, in name order
 
     def write(self, name: str, src, declared: int, compressed: Callable[[], int],
-              depth: int) -> None:
+              depth: int, *, stream: bool = True) -> None:
         """Copy one regular file to ``workdir/name``, or unpack it there if it is an archive.
 
         ``compressed()`` is the compressed size attributed to the bytes read so far; the ratio
         is checked on every chunk before it is written. The copy goes to a temporary file that
-        is moved into place only when complete."""
+        is moved into place only when complete. A refused member of a ``stream`` (a tar) is read
+        to its end, the only way past it; a zip's or a directory's is left where it is."""
         fd, tmp = tempfile.mkstemp(dir=self.tmpdir)
         try:
             written = 0
@@ -546,8 +564,18 @@ class _Unpacker:
                         break
                     written += len(chunk)
                     ratio = written / max(compressed(), 1)
+                    reason = ""
                     if written > RATIO_GRACE and ratio > self.limits.max_ratio:
-                        self.refuse(name, self.ratio_reason(ratio), declared)
+                        reason = self.ratio_reason(ratio)
+                    elif (overall := self.bundle_ratio()) > self.limits.max_ratio:
+                        reason = f"{self.ratio_reason(overall)} for the bundle"
+                    if reason:
+                        # This member alone is refused: what follows it is still read.
+                        self.refuse(name, reason, declared)
+                        if stream:
+                            self.discard(src, written)
+                        else:
+                            self.dropped += written
                         return
                     out.write(chunk)
             kind = _sniff(Path(tmp)) if name.lower().endswith(ARCHIVE_SUFFIXES) else None
@@ -555,6 +583,7 @@ class _Unpacker:
                 self.place(tmp, name, written)
             elif depth + 1 > self.limits.max_depth:
                 self.refuse(name, "nested too deep", written)
+                self.dropped += written
             else:
                 with open(tmp, "rb") as handle:
                     self.unpack_archive(handle, kind, name + "/", depth + 1, name, top=False)
@@ -568,15 +597,18 @@ class _Unpacker:
         # before any directory is made, then on disk.
         if not _inside(dest, self.workdir, resolve=False):
             self.refuse(name, "path escapes the bundle", size)
+            self.dropped += size
             return
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             if not _inside(dest.parent, self.workdir):
                 self.refuse(name, "path escapes the bundle", size)
+                self.dropped += size
                 return
             os.replace(tmp, dest)
         except (FileExistsError, NotADirectoryError, IsADirectoryError):
             self.refuse(name, "path conflicts with another file in the bundle", size)
+            self.dropped += size
             return
         if name in self.where:  # a later entry of the same name wins, as with tar -x
             self.members[self.where[name]] = None

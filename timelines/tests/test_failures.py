@@ -1,0 +1,152 @@
+"""Every failure is an outcome of its own: a refused member of a bundle fails alone, a truncated
+gzip keeps the lines it holds whatever its size, a database error of an upload ends it
+``failed`` with a message, every thread and task path ends, ``manage.py ingest`` checks its
+argument before it creates anything.
+
+Expectations are derived from the fixture files and the archives the tests build.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hindsight.testing import requests_in
+from incidents.models import Incident, Upload
+from timelines.bundles import Limits, unpack
+from timelines.models import Event
+
+AUDIT = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "audit"
+DEMO = AUDIT / "audit2rbac-demo.log"
+MIB = 1024 * 1024
+
+
+def _entry(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE,
+           linkname: str = "") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mtime = kind, linkname, 1626244028
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    return info, data
+
+
+def _tar(path: Path, entries: list[tuple[tarfile.TarInfo, bytes]], mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as tar:
+        for info, data in entries:
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return path
+
+
+def _tar_bytes(entries: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for info, data in entries:
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _bomb(size: int) -> bytes:
+    """One real audit line repeated to ``size`` bytes: gzip shrinks it some 200 times."""
+    line = DEMO.read_bytes().splitlines(keepends=True)[0]
+    return line * (size // len(line))
+
+
+# --- 1. a refused member fails alone ----------------------------------------------------------
+
+def _nested(depth: int, data: bytes) -> bytes:
+    for _ in range(depth):
+        data = _tar_bytes([_entry("in.tar.gz" if _ else "audit.log", data)])
+    return data
+
+
+HOSTILE = {
+    # name: (entries before the valid log, limits, refused name, reason fragment)
+    "own ratio": ([_entry("bomb.bin", bytes(16 * MIB))], {"max_ratio": 20}, "bomb.bin",
+                  "compression ratio"),
+    "bundle ratio": ([_entry(f"z{i}.bin", bytes(768 * 1024)) for i in range(3)], {}, "z1.bin",
+                     "for the bundle"),
+    "path escape holding a bomb": ([_entry("../evil.log", bytes(16 * MIB))], {},
+                                   "../evil.log", "path escapes"),
+    "absolute path": ([_entry("/tmp/abs.log", b"x")], {}, "/tmp/abs.log", "absolute path"),
+    "symlink": ([_entry("link", kind=tarfile.SYMTYPE, linkname="/etc/passwd")], {}, "link",
+                "symlink"),
+    "hardlink": ([_entry("hard", kind=tarfile.LNKTYPE, linkname="/etc/passwd")], {}, "hard",
+                 "hardlink"),
+    "device": ([_entry("dev", kind=tarfile.CHRTYPE)], {}, "dev", "device file"),
+    "fifo": ([_entry("fifo", kind=tarfile.FIFOTYPE)], {}, "fifo", "device file"),
+    "name too long": ([_entry("x" * 300 + ".log", b"x")], {}, "x" * 300 + ".log", "too long"),
+    "nested too deep": ([_entry("deep.tar.gz", _nested(3, b"deep"))], {"max_depth": 1},
+                        "deep.tar.gz/in.tar.gz", "nested too deep"),
+    "corrupt nested archive": ([_entry("broken.tar.gz", _tar_bytes(
+        [_entry("a.log", os.urandom(64 * 1024))])[:32 * 1024])], {}, "broken.tar.gz/a.log",
+        "corrupt archive"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_refused_tar_member_fails_alone_and_what_follows_it_is_read(case, tmp_path):
+    before, limits, name, reason = HOSTILE[case]
+    valid = DEMO.read_bytes()
+    bundle = _tar(tmp_path / "b.tar.gz", [*before, _entry("after/audit.log", valid)])
+
+    members = list(unpack(bundle, tmp_path / "work", Limits(**limits)))
+
+    refused = {m.name: m.refused for m in members if m.refused}
+    assert name in refused and reason in refused[name], refused
+    kept = {m.name: m.path.read_bytes() for m in members if m.path is not None}
+    assert kept["after/audit.log"] == valid
+
+
+@pytest.mark.parametrize("case", ["ratio", "bzip2 member", "symlink", "path escape"])
+def test_a_refused_zip_member_fails_alone_and_what_follows_it_is_read(case, tmp_path):
+    valid = DEMO.read_bytes()
+    bundle = tmp_path / "b.zip"
+    with zipfile.ZipFile(bundle, "w", zipfile.ZIP_DEFLATED) as archive:
+        if case == "ratio":
+            archive.writestr("bomb.bin", bytes(16 * MIB))
+        elif case == "bzip2 member":
+            archive.writestr("bomb.bin", b"x", compress_type=zipfile.ZIP_BZIP2)
+        elif case == "symlink":
+            info = zipfile.ZipInfo("bomb.bin")
+            info.external_attr = (0o120777 << 16)
+            archive.writestr(info, "/etc/passwd")
+        else:
+            archive.writestr("../bomb.bin", b"x")
+        archive.writestr("after/audit.log", valid)
+
+    members = list(unpack(bundle, tmp_path / "work"))
+
+    refused = {m.name: m.refused for m in members if m.refused}
+    assert len(refused) == 1 and next(iter(refused)).endswith("bomb.bin"), refused
+    kept = {m.name: m.path.read_bytes() for m in members if m.path is not None}
+    assert kept == {"after/audit.log": valid}
+
+
+@pytest.mark.django_db
+def test_a_bomb_in_a_bundle_is_refused_by_name_and_the_audit_log_after_it_is_ingested(
+        tmp_path, settings, ingest_file):
+    settings.BUNDLE_MAX_RATIO = 100
+    bomb = _bomb(24 * MIB)
+    bundle = _tar(tmp_path / "diagnose.tar.gz", [
+        _entry("cp-1/audit-bomb.log", bomb),
+        _entry("cp-1/var/log/kubernetes/audit/kube-apiserver-audit.log", DEMO.read_bytes())])
+    # The archive shrinks the bomb past the limit: it must be refused, whatever its size.
+    assert len(bomb) / bundle.stat().st_size > settings.BUNDLE_MAX_RATIO
+    incident = Incident.objects.create(title="bomb")
+
+    upload = ingest_file(incident, bundle)
+
+    upload.refresh_from_db()
+    files = {f.name: f for f in upload.files.all()}
+    assert files["cp-1/audit-bomb.log"].status == Upload.Status.FAILED
+    assert "cp-1/audit-bomb.log: compression ratio" in files["cp-1/audit-bomb.log"].message
+    log = files["cp-1/var/log/kubernetes/audit/kube-apiserver-audit.log"]
+    assert log.status == Upload.Status.DONE, log.message
+    assert upload.status == Upload.Status.DONE and "1 of 2 files failed" in upload.message
+    stored = set(Event.objects.filter(incident=incident).values_list("audit_id", flat=True))
+    assert stored == {audit_id for audit_id, _ in requests_in(DEMO)}
+    assert os.path.exists(bundle)

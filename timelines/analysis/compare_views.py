@@ -1,15 +1,165 @@
-"""HTTP side of ``timelines.analysis.compare``: not built yet."""
+"""HTTP side of ``timelines.analysis.compare``: the API and the run-against-run page."""
 
 from __future__ import annotations
 
-from django.http import HttpResponse
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from incidents.access import get_visible_incident
+from incidents.models import Incident
+
+from ..aggregate import span_rows
+from ..figures import EDGE_SHARE, EPOCH, MICROSECOND, microseconds
+from ..models import Event
+from ..queries import BadQuery
+from . import filtered
+from .compare import (
+    MAX_STEPS,
+    Step,
+    build_relative_gantt,
+    default_anchors,
+    match_steps,
+    summarise,
+)
+
+# the columns of a ``Step``, in its order
+STEP_FIELDS = ("id", "received", "completed", "username", "verb", "resource", "subresource",
+               "namespace", "name", "code")
+# Parameters of the comparison, not events filters (which narrow both runs alike)
+COMPARE_PARAMS = ("against", "anchor_a", "anchor_b", "figures")
+
+
+class Run:
+    """One side of the comparison: an incident and its filtered requests."""
+
+    def __init__(self, incident: Incident, params) -> None:
+        self.incident = incident
+        try:
+            self.requests = filtered(incident, params).filter(kind=Event.Kind.AUDIT).order_by(
+                "received", "id")
+        except BadQuery as exc:
+            raise ValidationError(exc.errors) from None
+
+    def steps(self, queryset=None, limit: int | None = None) -> list[Step]:
+        queryset = self.requests if queryset is None else queryset
+        if limit is not None:
+            queryset = queryset[:limit]
+        return [Step(*row) for row in span_rows(queryset, STEP_FIELDS)]
+
+    def creates(self):
+        return self.requests.filter(verb="create", code__gte=200, code__lt=300,
+                                    subresource="").exclude(name="")
+
+    def anchor(self, side: str, value: str) -> tuple[int, int]:
+        """The (event id, received in microseconds) of the anchor given as ``anchor_<side>``:
+        any event of the incident, whatever the filters; 400 otherwise."""
+        if not value.isdigit():
+            raise ValidationError({f"anchor_{side}": f"{value!r} is not an event id"})
+        received = Event.objects.filter(incident=self.incident, pk=int(value)).values_list(
+            "received", flat=True).first()
+        if received is None:
+            raise ValidationError({f"anchor_{side}": f"event {value} is not an event of "
+                                                     f"incident {self.incident.pk}"})
+        return int(value), microseconds(received)
+
+
+def _anchors(run_a: Run, run_b: Run, params) -> tuple[tuple[int, int], tuple[int, int], str]:
+    """Each run's anchor (event id, received in microseconds) and the rule that chose them:
+    ``given``, ``first-shared-create`` or ``first-request`` (``compare`` module docstring)."""
+    given_a, given_b = params.get("anchor_a", ""), params.get("anchor_b", "")
+    if given_a or given_b:
+        if not (given_a and given_b):
+            raise ValidationError({"detail": "Give both anchor_a and anchor_b, or neither (the "
+                                             "first create of an object name both runs share)."})
+        return run_a.anchor("a", given_a), run_b.anchor("b", given_b), "given"
+    # a's creates are read lazily, in time order: the first shared name usually comes early
+    creates_a = (Step(*row) for row in span_rows(run_a.creates(), STEP_FIELDS))
+    shared = default_anchors(creates_a, run_b.steps(run_b.creates()))
+    if shared is not None:
+        a, b = shared
+        return (a.id, a.received), (b.id, b.received), "first-shared-create"
+    firsts = []
+    for side, run in (("a", run_a), ("b", run_b)):
+        first = run.steps(limit=1)
+        if not first:
+            raise ValidationError({"detail": f"Incident {run.incident.pk} (run {side}) has no "
+                                             f"requests matching the filters."})
+        firsts.append((first[0].id, first[0].received))
+    return firsts[0], firsts[1], "first-request"
 
 
 @api_view(["GET"])
 def compare_api(request, incident_pk: int):
-    return HttpResponse(status=501)
+    """Run against run (``timelines.analysis.compare``): this incident (run a) and ``against``
+    (run b), both visible to the user (404 otherwise), aligned on ``anchor_a`` and
+    ``anchor_b`` (event ids; by default the first create of an object name both runs share,
+    else each run's first request). Events filters narrow both runs alike.
+
+    ``{"anchor": {"a", "b", "rule", "a_received", "b_received"}, "steps": [{"user", "verb",
+    "resource", "namespace", "name", "subresource", "a": {"event", "offset_ms", "code",
+    "duration_ms"} or null, "b": … or null, "delta_ms"}], "summary": {"both", "only_a",
+    "only_b"}, "truncated": {"a", "b"}, "max_steps"}``; with ``figures=1`` also ``figures``:
+    each run's Gantt on one axis of milliseconds from its anchor (``a``, ``b``, ``range``)."""
+    params = request.query_params
+    against = params.get("against", "")
+    if not against.isdigit():
+        raise ValidationError({"against": "Give the id of the incident to compare with."})
+    incident_a = get_visible_incident(request.user, incident_pk)
+    incident_b = get_visible_incident(request.user, int(against))
+    filters = params.copy()
+    for name in COMPARE_PARAMS:
+        filters.pop(name, None)
+    run_a, run_b = Run(incident_a, filters), Run(incident_b, filters)
+    (anchor_a, time_a), (anchor_b, time_b), rule = _anchors(run_a, run_b, params)
+    steps_a = run_a.steps(limit=MAX_STEPS + 1)
+    steps_b = run_b.steps(limit=MAX_STEPS + 1)
+    truncated = {"a": len(steps_a) > MAX_STEPS, "b": len(steps_b) > MAX_STEPS}
+    steps_a, steps_b = steps_a[:MAX_STEPS], steps_b[:MAX_STEPS]
+    steps = match_steps(steps_a, steps_b, time_a, time_b)
+    answer = {
+        "anchor": {"a": anchor_a, "b": anchor_b, "rule": rule,
+                   "a_received": _iso(time_a), "b_received": _iso(time_b)},
+        "steps": steps,
+        "summary": summarise(steps),
+        "truncated": truncated,
+        "max_steps": MAX_STEPS,
+    }
+    if params.get("figures", "").lower() in ("1", "true", "yes"):
+        answer["figures"] = {"a": build_relative_gantt(steps_a, time_a),
+                             "b": build_relative_gantt(steps_b, time_b),
+                             "range": _common_range(steps_a, time_a, steps_b, time_b)}
+    return Response(answer)
 
 
+def _iso(micros: int) -> str:
+    return (EPOCH + micros * MICROSECOND).isoformat().replace("+00:00", "Z")
+
+
+def _common_range(steps_a, time_a, steps_b, time_b) -> list[float] | None:
+    """One x range (ms from the anchors) holding both runs' bars, with the Gantt's margin."""
+    ends = [((s.received - anchor) / 1000, ((s.completed or s.received) - anchor) / 1000)
+            for steps, anchor in ((steps_a, time_a), (steps_b, time_b)) for s in steps]
+    if not ends:
+        return None
+    low = min(0.0, *(start for start, _ in ends))
+    high = max(0.0, *(end for _, end in ends))
+    margin = max((high - low) * EDGE_SHARE, 1.0)
+    return [low - margin, high + margin]
+
+
+@login_required
 def compare_page(request, pk: int):
-    return HttpResponse(status=501)
+    """The run-against-run page: pick the other run among the incidents the user sees; the
+    anchors, the two Gantts and the steps come from ``compare_api`` (static/js/compare.js)."""
+    incident = get_visible_incident(request.user, pk)
+    others = (Incident.objects.visible_to(request.user).exclude(pk=incident.pk)
+              .order_by("-created_at").values("pk", "title", "created_at"))
+    against = request.GET.get("against", "")
+    return render(request, "analysis/compare.html", {
+        "incident": incident,
+        "others": list(others[:500]),
+        "against": int(against) if against.isdigit() else None,
+    })

@@ -65,6 +65,8 @@ urlpatterns = [
     # analysis (timelines.analysis): its API, then its pages
     path("api/v1/incidents/<int:incident_pk>/stats/", stats_views.stats_api,
          name="incident-stats"),
+    path("api/v1/incidents/<int:incident_pk>/stats/inflight/", stats_views.inflight_api,
+         name="incident-stats-inflight"),
     path("api/v1/incidents/<int:incident_pk>/insights/", insights_views.insights_api,
          name="incident-insights"),
     path("api/v1/incidents/<int:incident_pk>/pods/", pods_views.pods_api, name="incident-pods"),

@@ -3,13 +3,14 @@ large incident is counted in milliseconds instead of by a database pass over eve
 
 Counting a million events in PostgreSQL takes 0.4–1 s whatever the index (bench/README.md,
 Figure benchmark): the figure cache hides that for views seen before, not for the first view of
-a new filter. Here each event is two entries of two arrays: ``received`` as int64 microseconds
-and the number of its *signature*, the combination of its filterable fields' values (events
-share them: a million synthetic events have 27,000). Per signature, the code of each field's
-value in that field's distinct values, and its lane in each grouping. A filtered heatmap is
-then a test of the signatures, one gather into a mask over the events and one ``bincount``
-(20–40 ms for 1M events on this machine), with exactly the answer of the database's
-``GROUP BY`` (tests compare them).
+a new filter. Here each event is an entry of three arrays: ``received`` as int64 microseconds,
+the number of its *signature*, the combination of its filterable fields' values (events share
+them: a million synthetic events have 27,000), and its duration (``completed − received`` in
+microseconds, for the request statistics of ``timelines.analysis.stats``). Per signature, the
+code of each field's value in that field's distinct values, and its lane in each grouping. A
+filtered heatmap is then a test of the signatures, one gather into a mask over the events and
+one ``bincount`` (20–40 ms for 1M events on this machine), with exactly the answer of the
+database's ``GROUP BY`` (tests compare them).
 
 An index is built after an ingest, from the database, for incidents of more than ``MAX_SPANS``
 events (smaller ones are drawn as a Gantt, which never needs it), under the incident's data
@@ -75,8 +76,9 @@ _FIELDS = tuple(dict.fromkeys(FILTER_COLUMNS.values()))
 _FETCH_ROWS = 50_000
 _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 # of the files; a change makes older indexes unreadable, so they are rebuilt. 2: events in time
-# order, and the open flag in the signature (``open.npy``).
-_FORMAT = 2
+# order, and the open flag in the signature (``open.npy``). 3: each event's duration
+# (``duration.npy``, for the request statistics of ``timelines.analysis.stats``).
+_FORMAT = 3
 _LOADED_MAX = 4  # indexes kept open per process
 
 
@@ -90,7 +92,8 @@ def version_dir(incident_id: int, version: str) -> Path:
 
 
 def _rows(incident_id: int):
-    """Chunks of (received µs, signature) rows of the incident's events, in no particular order,
+    """Chunks of (received µs, signature, duration µs) rows of the incident's events (duration:
+    ``completed − received``, 0 for an event that never completed), in no particular order,
     read through the ORM (the embedded default; PostgreSQL groups them itself, see
     ``_postgres_columns``); a signature is the row's ``_FIELDS`` joined by ``_SEPARATOR`` (a
     code of None is ""), then "1" for an event that never completed, else ""."""
@@ -102,7 +105,9 @@ def _rows(incident_id: int):
     for received, *values, completed in rows:
         signature = _SEPARATOR.join(["" if v is None else str(v) for v in values]
                                     + ["1" if completed is None else ""])
-        chunk.append((microseconds(received), signature))
+        start = microseconds(received)
+        length = 0 if completed is None else microseconds(completed) - start
+        chunk.append((start, signature, length))
         if len(chunk) == _FETCH_ROWS:
             yield chunk
             chunk = []
@@ -115,29 +120,33 @@ def _rows(incident_id: int):
 _GROUP_MEMORY = "128MB"
 
 
-def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(received µs, signature number, signatures) of the incident's events, in one pass:
-    PostgreSQL joins each row's fields and groups the rows by signature, sending each distinct
-    signature once with the times of its events as big-endian int64s. 200,000 events of 141
-    signatures: 0.65 s, where sending every row's time and a hash of its signature, then the
-    distinct signatures apart, took 1.3-1.5 s."""
+def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(received µs, duration µs, signature number, signatures) of the incident's events, in one
+    pass: PostgreSQL joins each row's fields and groups the rows by signature, sending each
+    distinct signature once with the times and durations of its events as big-endian int64s.
+    200,000 events of 141 signatures: 0.65 s (times alone), where sending every row's time and
+    a hash of its signature, then the distinct signatures apart, took 1.3-1.5 s."""
     fields = ", ".join(["coalesce(code::text, '')" if f == "code" else f for f in _FIELDS]
                        + ["CASE WHEN completed IS NULL THEN '1' ELSE '' END"])
-    sql = (f"SELECT s, string_agg(int8send(us), ''::bytea) FROM"
+    # a time and its duration together in one value, so that they stay paired
+    sql = (f"SELECT s, string_agg(int8send(us) || int8send(CASE WHEN done IS NULL THEN 0"
+           f" ELSE done - us END), ''::bytea) FROM"
            f" (SELECT concat_ws(%s, {fields}) AS s,"
-           f" (extract(epoch FROM received) * 1000000)::bigint AS us"
+           f" (extract(epoch FROM received) * 1000000)::bigint AS us,"
+           f" (extract(epoch FROM completed) * 1000000)::bigint AS done"
            f" FROM timelines_event WHERE incident_id = %s) e GROUP BY s")
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL work_mem = '{_GROUP_MEMORY}'")
         cursor.execute(sql, [_SEPARATOR, incident_id])
         groups = cursor.fetchall()
     signatures = [signature for signature, _ in groups]
-    times = [np.frombuffer(bytes(data), dtype=">i8") for _, data in groups]
-    received = (np.concatenate(times).astype(np.int64) if times
-                else np.empty(0, dtype=np.int64))
+    times = [np.frombuffer(bytes(data), dtype=">i8").reshape(-1, 2) for _, data in groups]
+    pairs = (np.concatenate(times).astype(np.int64) if times
+             else np.empty((0, 2), dtype=np.int64))
     coded = np.repeat(np.arange(len(times), dtype=np.int32),
                       [len(t) for t in times])
-    return received, coded, signatures
+    return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]), coded, \
+        signatures
 
 
 def _split(signature: str) -> dict | None:
@@ -161,9 +170,9 @@ def build(incident_id: int, version: str) -> Path | None:
     knows no upload is running, see ``aggregate.data_version``) and remove older versions.
     Returns its folder, or None if a newer version became current meanwhile. Raises
     ``UnusualValues`` (nothing written) if a value holds the separator character. Memory: the
-    distinct signatures, 12 bytes per event, and one chunk of rows (SQLite) or the grouped times
-    as PostgreSQL sends them (8 bytes per event); 20 bytes per event more while the events are
-    put in time order."""
+    distinct signatures, 20 bytes per event, and one chunk of rows (SQLite) or the grouped times
+    and durations as PostgreSQL sends them (16 bytes per event); 28 bytes per event more while
+    the events are put in time order."""
     final = version_dir(incident_id, version)
     if (final / "meta.json").exists():
         return final
@@ -172,16 +181,19 @@ def build(incident_id: int, version: str) -> Path | None:
     # its signature's number, and filters are tested on the signatures, not on every row.
     signatures: dict[str, int] = {}
     received: list[np.ndarray] = []
+    durations: list[np.ndarray] = []
     coded: list[np.ndarray] = []
     if connection.vendor == "postgresql":
-        times, codes, distinct = _postgres_columns(incident_id)
+        times, lengths, codes, distinct = _postgres_columns(incident_id)
         received.append(times)
+        durations.append(lengths)
         coded.append(codes)
         signatures = dict.fromkeys(distinct)
     else:
         for chunk in _rows(incident_id):
-            times, keys = zip(*chunk, strict=True)
+            times, keys, lengths = zip(*chunk, strict=True)
             received.append(np.fromiter(times, dtype=np.int64, count=len(chunk)))
+            durations.append(np.fromiter(lengths, dtype=np.int64, count=len(chunk)))
             coded.append(np.fromiter((signatures.setdefault(k, len(signatures)) for k in keys),
                                      dtype=np.int32, count=len(chunk)))
     table = []
@@ -199,7 +211,9 @@ def build(incident_id: int, version: str) -> Path | None:
         order = np.argsort(times, kind="stable")
         np.save(work / "received.npy", times[order])
         np.save(work / "signature.npy", numbers[order])
-        del order
+        lengths = np.concatenate(durations) if durations else np.empty(0, dtype=np.int64)
+        np.save(work / "duration.npy", lengths[order])
+        del order, lengths
         np.save(work / "open.npy", np.array([row["open"] for row in table], dtype=bool))
         meta = {"format": _FORMAT, "incident": incident_id, "version": version,
                 "events": int(times.size), "values": {}, "lanes": {}}
@@ -275,6 +289,8 @@ class ColumnIndex:
         self.events: int = meta["events"]
         self.received = np.load(folder / "received.npy", mmap_mode="r")
         self.signature = np.load(folder / "signature.npy", mmap_mode="r")
+        # ``completed − received`` (µs) of each event, 0 for those that never completed
+        self.duration = np.load(folder / "duration.npy", mmap_mode="r")
         # per signature: the code of each field's value, and its lane in each grouping
         self._fields = {f: np.load(folder / f"field-{f}.npy") for f in _FIELDS}
         self._lanes = {g: np.load(folder / f"lane-{g}.npy") for g in LANE_GROUPS}

@@ -7,6 +7,7 @@ without a database.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gzip
 import io
 import zlib
@@ -255,15 +256,27 @@ HEAD_BYTES = 64 * 1024
 
 
 def read_head(path, size: int = HEAD_BYTES) -> bytes:
-    """The first ``size`` bytes of a file, gunzipped if it is gzip; b"" if unreadable."""
+    """The first ``size`` bytes of a file, gunzipped if it is gzip; b"" if unreadable.
+
+    A gzip stream that ends early or breaks gives what came out of it before: the parsers keep
+    the lines of a truncated gzip, so what says which parser reads it must see them too, however
+    short the file (a whole-``size`` read of a small file would reach the break and lose all)."""
     try:
         with open(path, "rb") as handle:
             start = handle.read(2)
             handle.seek(0)
-            if start == GZIP_MAGIC:
-                with gzip.GzipFile(fileobj=handle) as unzipped:
-                    return unzipped.read(size)
-            return handle.read(size)
+            if start != GZIP_MAGIC:
+                return handle.read(size)
+            parts: list[bytes] = []
+            got = 0
+            with gzip.GzipFile(fileobj=handle) as unzipped:
+                with contextlib.suppress(EOFError, gzip.BadGzipFile, zlib.error):
+                    # read1: at most one read of the file each, so that a failing read loses
+                    # only what it would have added.
+                    while got < size and (part := unzipped.read1(size - got)):
+                        parts.append(part)
+                        got += len(part)
+            return b"".join(parts)
     except (OSError, EOFError, zlib.error):
         return b""
 

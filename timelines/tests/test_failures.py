@@ -8,10 +8,13 @@ Expectations are derived from the fixture files and the archives the tests build
 
 from __future__ import annotations
 
+import gzip
 import io
+import json
 import os
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,59 @@ def test_a_bomb_in_a_bundle_is_refused_by_name_and_the_audit_log_after_it_is_ing
     stored = set(Event.objects.filter(incident=incident).values_list("audit_id", flat=True))
     assert stored == {audit_id for audit_id, _ in requests_in(DEMO)}
     assert os.path.exists(bundle)
+
+
+# --- 2. a truncated gzip keeps its lines, whatever its size -----------------------------------
+
+def _fixture_log(copies: int) -> bytes:
+    """The demo log's lines, ``copies`` times over with their auditIDs made unique per copy."""
+    lines = DEMO.read_bytes().splitlines(keepends=True)
+    out = []
+    for copy in range(copies):
+        for line in lines:
+            event = json.loads(line)
+            event["auditID"] = f"{event['auditID']}-{copy}"
+            out.append(json.dumps(event).encode() + b"\n")
+    return b"".join(out)
+
+
+def _recoverable(cut: bytes) -> bytes:
+    """The complete lines a truncated gzip holds, read with zlib alone."""
+    data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(cut)
+    return data[: data.rfind(b"\n") + 1]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("copies", "keep"), [
+    (1, 0.98), (1, 0.9), (1, 0.5), (1, 0.4), (50, 0.5), (50, 0.95)])
+def test_a_truncated_gzip_keeps_its_recoverable_lines_whatever_its_size(
+        copies, keep, tmp_path, ingest_file):
+    whole = gzip.compress(_fixture_log(copies), 9)
+    cut = whole[: int(len(whole) * keep)]
+    path = tmp_path / "audit.log.gz"
+    path.write_bytes(cut)
+    (tmp_path / "expected.log").write_bytes(_recoverable(cut))
+    expected = {audit_id for audit_id, _ in requests_in(tmp_path / "expected.log")}
+    assert expected  # the cut keeps some whole lines
+    incident = Incident.objects.create(title=f"cut {len(cut)} of {len(whole)} bytes")
+
+    upload = ingest_file(incident, path)
+
+    assert upload.status == Upload.Status.DONE, upload.message
+    assert "truncated" in " ".join(upload.errors)
+    stored = set(Event.objects.filter(incident=incident).values_list("audit_id", flat=True))
+    assert stored == expected
+
+
+@pytest.mark.django_db
+def test_a_gzip_cut_before_its_first_line_is_an_outcome_that_says_so(tmp_path, ingest_file):
+    path = tmp_path / "audit.log.gz"
+    path.write_bytes(gzip.compress(DEMO.read_bytes(), 9)[:30])
+    assert _recoverable(path.read_bytes()) == b""
+    incident = Incident.objects.create(title="cut")
+
+    upload = ingest_file(incident, path)
+
+    assert upload.status in (Upload.Status.FAILED, Upload.Status.SKIPPED)
+    assert "gzip" in upload.message
+    assert not Event.objects.filter(incident=incident).exists()

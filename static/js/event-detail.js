@@ -65,6 +65,11 @@
         resource: event.resource, namespace: event.namespace, name: event.name}, event.id)},
       "this object's history"));
     }
+    if (panel.dataset.historyUrl && event.resource && event.name) {
+      links.push(el("a", {id: "link-history", href: panel.dataset.historyUrl + "?event=" +
+                                                    encodeURIComponent(event.id)},
+                    "Object history"));
+    }
     if (event.user) {
       links.push(el("a", {id: "link-actor", href: options.linkFor({user: event.user}, event.id)},
                     "this actor (" + event.user + ")"));
@@ -177,5 +182,8 @@
     section.scrollIntoView({block: "nearest"});
   }
 
-  window.HindsightDetail = {init, show, hide};
+  // the diff of `event` (shown) against `other`, as "diff against this" draws it
+  const showDiff = (event, other) => drawDiff(event, other, true);
+
+  window.HindsightDetail = {init, show, hide, showDiff};
 })();

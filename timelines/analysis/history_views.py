@@ -1,15 +1,73 @@
-"""HTTP side of ``timelines.analysis.history``: not built yet."""
+"""HTTP side of ``timelines.analysis.history``: the API and the object history page."""
 
 from __future__ import annotations
 
-from django.http import HttpResponse
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from incidents.access import get_visible_incident
+
+from ..models import Event
+from ..queries import BadQuery
+from . import filtered
+from .history import ObjectKey, object_history, object_of
+
+# Parameters that choose the object, not filters (resource, namespace and name are filters of
+# the events API too, where an empty namespace matches every namespace).
+OBJECT_PARAMS = ("event", "resource", "namespace", "name")
+
+
+def object_key(incident, params) -> ObjectKey:
+    """The object ``params`` choose: that of ``event`` (an event id of the incident), or
+    ``resource``, ``namespace`` (empty or absent: cluster-scoped) and ``name``; 400 otherwise."""
+    event_id = params.get("event", "")
+    if event_id:
+        if not event_id.isdigit():
+            raise ValidationError({"event": "an event id"})
+        event = Event.objects.filter(incident=incident, pk=int(event_id)).only(
+            "resource", "namespace", "name").first()
+        if event is None:
+            raise ValidationError({"event": f"event {event_id} is not an event of incident "
+                                            f"{incident.pk}"})
+        key = object_of(event)
+        if key is None:
+            raise ValidationError({"event": f"event {event_id} names no object (it has no "
+                                            f"resource and name): choose an event of one"})
+        return key
+    resource, name = params.get("resource", ""), params.get("name", "")
+    if not resource or not name:
+        raise ValidationError({"detail": "Give event=<id> (the object of that event), or "
+                                         "resource, name and, for a namespaced object, "
+                                         "namespace."})
+    return ObjectKey(resource, params.get("namespace", ""), name)
 
 
 @api_view(["GET"])
 def history_api(request, incident_pk: int):
-    return HttpResponse(status=501)
+    """Everything about one object of the incident, in time order (``timelines.analysis
+    .history``): ``?event=<id>`` (the object of that event) or ``?resource=&namespace=&name=``,
+    plus any events filter (``kind``, ``user``, ``since``…) to narrow it.
+    ``{"object": {"resource", "namespace", "name"}, "events": [{"id", "kind", "received",
+    "verb", "user", "code", "subresource", "reason", "message", …, "version",
+    "version_note", "previous_version"}], "versions", "truncated"}``: a ``version`` event holds
+    an object version, diffable against ``previous_version`` with the events' diff endpoint."""
+    incident = get_visible_incident(request.user, incident_pk)
+    key = object_key(incident, request.query_params)
+    params = request.query_params.copy()
+    for name in OBJECT_PARAMS:
+        params.pop(name, None)
+    try:
+        events = filtered(incident, params)
+    except BadQuery as exc:
+        raise ValidationError(exc.errors) from None
+    return Response(object_history(events, key))
 
 
+@login_required
 def history_page(request, pk: int):
-    return HttpResponse(status=501)
+    """The object history page: the list comes from ``history_api`` (static/js/history.js)."""
+    incident = get_visible_incident(request.user, pk)
+    return render(request, "analysis/history.html", {"incident": incident})

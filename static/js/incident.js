@@ -2,6 +2,14 @@
 // Polls each unfinished upload's status URL once a second and updates its row in place.
 (function () {
   "use strict";
+  // Analysis links (data-carry-filters) open with the page's current filters: its URL's query,
+  // which the timeline keeps up to date; set before the link is followed, opened or copied
+  for (const type of ["pointerdown", "focusin"]) {
+    document.addEventListener(type, (event) => {
+      const link = event.target.closest && event.target.closest("a[data-carry-filters]");
+      if (link) link.search = window.location.search;
+    });
+  }
   // "Show all files": the finished uploads folded away while others run or have failed
   const all = document.getElementById("uploads-all");
   if (all) {

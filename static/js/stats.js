@@ -90,14 +90,14 @@
     const top = rows.slice(0, BARS).reverse();  // the longest on top
     if (!top.length) { Plotly.purge(box); box.replaceChildren(); return; }
     await Plotly.react(box, [{
-      type: "bar", orientation: "h", x: top.map((r) => r.total_ms / 1000),
+      type: "bar", orientation: "h", x: top.map((r) => r.total_ms),
       y: top.map((r) => label(r.key)), marker: {color: "#4c78a8"},
       customdata: top.map((r) => [r.requests, r.p95_ms]),
-      hovertemplate: "%{y}<br>%{x:.3f} s in %{customdata[0]} requests" +
+      hovertemplate: "%{y}<br>%{x:,.3f} ms in %{customdata[0]} requests" +
                      "<br>p95 %{customdata[1]} ms<extra></extra>",
     }], {
       height: 60 + 18 * top.length, margin: {l: 260, r: 20, t: 10, b: 40},
-      xaxis: {title: {text: "total time (s)"}}, yaxis: {automargin: true},
+      xaxis: {title: {text: "total time (ms)"}}, yaxis: {automargin: true},
     }, CONFIG);
     box.dataset.by = by;
   }
@@ -111,8 +111,9 @@
     if (!answer.series.length) { Plotly.purge(box); box.replaceChildren(
       el("p", {class: "empty"}, "No requests.")); return; }
     const start = Date.parse(answer.start);
+    // each value holds from its bin's start (a step drawn "hv")
     const x = Array.from({length: answer.bins},
-                         (_, i) => new Date(start + (i + 0.5) * answer.width_ms).toISOString());
+                         (_, i) => new Date(start + i * answer.width_ms).toISOString());
     await Plotly.react(box, answer.series.map((s) => ({
       type: "scatter", mode: "lines", name: label(s.key) + " (" + s.requests + ")",
       x, y: s.mean, line: {shape: "hv", width: 1.5},

@@ -336,3 +336,47 @@ def test_sqlite_and_its_index_agree(incident):
             stats.stats(incident, params, version=None)
         assert stats.inflight(incident, params, version=version) == \
             stats.inflight(incident, params, version=None)
+
+
+# --- the page ------------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_shows_the_table_and_charts_and_a_row_opens_its_timeline(
+        open_page, owner, incident, ingest_file, fixture_log):
+    from conftest import SCREENSHOTS
+    from hindsight.testing import page_query
+
+    ingest_file(incident, fixture_log)
+    wanted = expected([r for r in file_requests(fixture_log) if r["code"] == 200], "user")
+    assert len(wanted) > 2
+    # from the incident page, filtered: its Analysis link carries the filters
+    page = open_page(owner, f"/incidents/{incident.pk}/?code=200")
+    page.click("#analysis-nav a[data-carry-filters]")
+    page.wait_for_selector("#stats-table tbody tr td a")
+    assert page_query(page) == {"code": ["200"]}
+    shown = page.eval_on_selector_all("#stats-table tbody tr", """trs => trs.map(tr => [
+        tr.cells[0].textContent, Number(tr.cells[1].textContent.replace(/,/g, '')),
+        Number(tr.cells[2].textContent.replace(/,/g, '')), Number(tr.cells[6].textContent)])""")
+    assert shown == [[r["key"], r["requests"], r["total_ms"], r["errors"]] for r in wanted]
+    assert "code=200" in page.text_content("#stats-filters")
+    # plotly drew the bars (one per key, the longest the widest) and the in-flight lines
+    page.wait_for_selector("#stats-bars .bars path")
+    page.wait_for_selector("#inflight-chart .scatterlayer path.js-line")
+    bars = page.locator("#stats-bars .bars path")
+    assert bars.count() == len(wanted)
+    widths = [bars.nth(i).bounding_box()["width"] for i in range(bars.count())]
+    assert max(widths) > 100 and widths[-1] == max(widths)  # drawn bottom up: the top key last
+    assert page.locator("#inflight-chart .scatterlayer .trace").count() == len(wanted)
+    page.screenshot(path=str(SCREENSHOTS / "stats-page.png"), full_page=True)
+    # sorting by a column reorders the rows
+    page.click("#stats-table th[data-sort=key]")
+    keys = page.eval_on_selector_all("#stats-table tbody tr", "trs => trs.map(tr => "
+                                     "tr.cells[0].textContent)")
+    assert keys == sorted(r["key"] for r in wanted)
+    first = wanted[0]["key"]
+    page.click(f"#stats-table tbody tr[data-key='{first}'] td a")
+    page.wait_for_load_state()
+    assert page_query(page) == {"code": ["200"], "user": [first]}
+    assert page.url.endswith("#timeline")
+    page.wait_for_function("Number(document.getElementById('gantt').dataset.drawn || 0) >= 1")
+    assert page.input_value("#filters input[name=user]") == first

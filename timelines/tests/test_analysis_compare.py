@@ -265,3 +265,76 @@ def test_match_steps_pairs_the_nth_occurrences():
                                                   201))
     assert default_anchors(created, [Step(6, 0, 1, "v", "create", "pods", "binding", "y", "p",
                                           201)]) is None
+
+
+def _ink(page, box_id: str):
+    """The pixels a Gantt's traces draw (a screenshot with them minus one without), as a mask
+    of the page's box, and the page x pixel of an offset: ``x(ms)``."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    box = page.locator(f"#{box_id}")
+    shown = box.screenshot(animations="disabled")
+    page.evaluate(f"() => Plotly.restyle(document.getElementById('{box_id}'), {{visible: false}})")
+    empty = box.screenshot(animations="disabled")
+    page.evaluate(f"() => Plotly.restyle(document.getElementById('{box_id}'), {{visible: true}})")
+    before, after = (np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int16)
+                     for png in (shown, empty))
+    mask = np.abs(before - after).max(axis=2) > 8
+    left = box.bounding_box()["x"]
+
+    def x(ms: float) -> float:
+        return left + page.evaluate(f"""(ms) => {{
+            const layout = document.getElementById('{box_id}')._fullLayout;
+            return layout._size.l + layout.xaxis.l2p(ms); }}""", ms)
+
+    return mask, left, x
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_compare_page_draws_both_runs_on_one_axis_and_lists_the_steps(open_page, owner,
+                                                                        runs):
+    a, b = runs
+    page = open_page(owner, f"/incidents/{a.pk}/compare/?against={b.pk}")
+    for box in ("gantt-a", "gantt-b"):
+        page.wait_for_function(f"Number(document.getElementById('{box}').dataset.drawn || 0)"
+                               f" >= 1")
+    ranges = page.evaluate("""() => ['gantt-a', 'gantt-b'].map(
+        id => document.getElementById(id)._fullLayout.xaxis.range)""")
+    assert ranges[0] == ranges[1]
+    anchor_a = next(n for n, s in enumerate(RUN_A) if s[5] == "cfg")
+    anchor_b = next(n for n, s in enumerate(RUN_B) if s[5] == "cfg")
+    offsets_a = [(s[6] - RUN_A[anchor_a][6]) * 1000 for s in RUN_A]
+    offsets_b = [(s[6] - RUN_B[anchor_b][6]) * 1000 for s in RUN_B]
+    ink_a, left_a, x_a = _ink(page, "gantt-a")
+    ink_b, left_b, x_b = _ink(page, "gantt-b")
+    # the same offset is at the same place on the page in both
+    for ms in (0, max(offsets_a), max(offsets_b)):
+        assert abs(x_a(ms) - x_b(ms)) < 1
+    def inked(mask, left, x_page):  # noqa: E306 - a column near x, any row
+        column = round(x_page - left)
+        return bool(mask[:, max(column - 3, 0):column + 4].any())
+    # every step is drawn at its offset from its run's anchor
+    for ms in offsets_a:
+        assert inked(ink_a, left_a, x_a(ms)), ms
+    for ms in offsets_b:
+        assert inked(ink_b, left_b, x_b(ms)), ms
+    # run a ends long before run b: nothing of a is drawn where b's last steps are
+    assert not inked(ink_a, left_a, x_a(max(offsets_b)))
+    # the steps table: the largest change first, highlighted
+    expected = _expected(RUN_A, RUN_B, anchor_a, anchor_b)
+    both = sorted(((key, x, y) for key, slots in expected.items() for x, y in slots
+                   if x is not None and y is not None), key=lambda item: -abs(item[2] - item[1]))
+    rows = page.locator("#steps-both tbody tr")
+    assert rows.count() == len(both)
+    first = rows.nth(0)
+    assert float(first.locator("td.delta").text_content()) == pytest.approx(
+        both[0][2] - both[0][1])
+    assert "changed" in first.get_attribute("class")
+    only_a = sum(1 for slots in expected.values() for x, y in slots if y is None)
+    only_b = sum(1 for slots in expected.values() for x, y in slots if x is None)
+    assert page.locator("#steps-only-a tbody tr").count() == only_a
+    assert page.locator("#steps-only-b tbody tr").count() == only_b
+    assert "the first create of an object name both runs share" in page.text_content("#anchors")

@@ -1,0 +1,222 @@
+"""Analysis benchmark: request time statistics (``/api/v1/incidents/{id}/stats/`` for every
+``by``, ``…/stats/inflight/``) and the other analysis endpoints (``insights``, ``pods``) on a
+1,000,000-event incident, answered from the column index and by PostgreSQL.
+
+The incident is the figure benchmark's (``bench/figure/build.py``: SYNTHETIC clones of the 93
+fixture requests, 33 minutes at 500 requests/s, log-normal latencies of median 3 ms, 0.05%
+never completed), built into a database of this benchmark's own (dropped and recreated;
+``--reuse`` measures the one built last time). Each query of ``queries`` is asked through
+Django's test ``Client`` signed in as a superuser (middleware, authentication, DRF and the
+view included; no network), ``--runs`` times:
+
+- **index**: with the incident's column index (built first, as after an ingest, and timed);
+- **database**: with no index (an empty index folder), so PostgreSQL answers;
+
+every run *cold*: Django's cache (in-process) emptied and the index closed first (PostgreSQL's
+buffers and the page cache stay warm). Then ``--runs`` *warm* runs (the cached answer).
+An endpoint that is not built yet (HTTP 501) is reported as such, so the script can be run
+again as the analysis grows. Medians and every run go to stdout and
+``bench/out/analysis-<N>.json``.
+
+    .venv/bin/python bench/analysis                 # build 1,000,000 events, measure
+    .venv/bin/python bench/analysis --reuse         # measure the incident built last time
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+VENV = ROOT / ".venv"
+VENV_PYTHON = VENV / "bin" / "python"
+
+if Path(sys.prefix).resolve() != VENV.resolve() and VENV_PYTHON.exists() \
+        and not os.environ.get("HINDSIGHT_BENCH_REEXEC"):
+    os.environ["HINDSIGHT_BENCH_REEXEC"] = "1"
+    os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve().parent), *sys.argv[1:]])
+
+OUT_DIR = ROOT / "bench" / "out"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_analysis_bench"
+USERNAME = "bench"
+BY = ("user", "user_agent", "verb", "resource", "namespace", "code")
+# endpoints (under /api/v1/incidents/{id}/) measured as they are, whoever builds them
+OTHER_ENDPOINTS = ("insights", "pods")
+WINDOW = 18_000  # events in the zoomed window (a quarter of them in a smaller incident)
+
+
+def _module(name: str, path: Path):
+    """A benchmark script as a module (``bench/ingest`` has no suffix, ``bench/figure`` is a
+    ``__main__``): their data, database and machine helpers are reused rather than copied."""
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look themselves up there
+    loader.exec_module(module)
+    return module
+
+
+def queries(incident_id: int) -> list[tuple[str, str, dict]]:
+    """(endpoint, label, query): stats by every field, filtered by the busiest user and by a
+    window of 18,000 events, in flight by user, and the other analysis endpoints."""
+    from django.db.models import Count
+    from timelines.models import Event
+
+    events = Event.objects.filter(incident_id=incident_id).order_by("received", "id")
+    total = events.count()
+    start = events.values_list("received", flat=True)[total // 2]
+    end = events.values_list("received", flat=True)[total // 2 + min(WINDOW, total // 4) - 1]
+    busy = events.order_by().values("username").annotate(n=Count("pk")).order_by("-n")[0]
+    window = {"since": start.isoformat().replace("+00:00", "Z"),
+              "until": end.isoformat().replace("+00:00", "Z")}
+    return [
+        *[("stats", f"by={by}", {"by": by}) for by in BY],
+        ("stats", f"by=verb&user={busy['username']}", {"by": "verb", "user": busy["username"]}),
+        ("stats", "by=user, 18,000-event window", {**window, "by": "user"}),
+        ("stats/inflight", "by=user", {"by": "user"}),
+        ("stats/inflight", "by=verb, 18,000-event window", {**window, "by": "verb"}),
+        *[(endpoint, "unfiltered", {}) for endpoint in OTHER_ENDPOINTS],
+    ]
+
+
+def _size(body) -> str:
+    if isinstance(body, dict):
+        if "results" in body:
+            return f"{body.get('requests', '?'):,} requests, {len(body['results'])} rows" \
+                if isinstance(body.get("requests"), int) else f"{len(body['results'])} rows"
+        if "series" in body:
+            return f"{len(body['series'])} series × {body.get('bins')} bins"
+    if isinstance(body, list):
+        return f"{len(body)} rows"
+    return ""
+
+
+def measure(incident_id: int, runs: int, index: bool) -> list[dict]:
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.core.cache import cache
+    from django.test import Client
+    from timelines import columns
+
+    user = get_user_model().objects.filter(username=USERNAME).first() or \
+        get_user_model().objects.create_superuser(USERNAME, "bench@example.com", None)
+    client = Client()
+    client.force_login(user)
+    served_by = columns.root()
+    if not index:
+        settings.COLUMNS_DIR = OUT_DIR / "analysis-no-columns"  # empty: PostgreSQL answers
+        shutil.rmtree(settings.COLUMNS_DIR, ignore_errors=True)
+
+    def timed(url, query):
+        started = time.perf_counter()
+        answer = client.get(url, query)
+        return (time.perf_counter() - started) * 1000, answer
+
+    results = []
+    try:
+        for endpoint, label, query in queries(incident_id):
+            url = f"/api/v1/incidents/{incident_id}/{endpoint}/"
+            load = os.getloadavg()[0]
+            counted_by = "index" if index else "database"
+            ms, answer = timed(url, query)
+            if answer.status_code != 200:
+                row = {"endpoint": endpoint, "query": label, "counted_by": counted_by,
+                       "status": answer.status_code,
+                       "note": "501 / not built" if answer.status_code == 501
+                       else answer.content[:300].decode(errors="replace")}
+                results.append(row)
+                print(f"  {counted_by:8} {endpoint:15} {label:38} HTTP {answer.status_code}: "
+                      f"{row['note']}", flush=True)
+                continue
+            # runs that recount from scratch: fewer when one takes seconds (the database's
+            # in-flight read, row by row)
+            cold = []
+            for _ in range(runs if ms < 3000 else min(runs, 3)):
+                cache.clear()
+                columns.forget()  # the index is mapped again, as in a new web process
+                cold.append(timed(url, query)[0])
+            warm = [timed(url, query)[0] for _ in range(runs)]
+            _, answer = timed(url, query)
+            body = answer.json()
+            row = {"endpoint": endpoint, "query": label, "params": query,
+                   "counted_by": counted_by, "status": 200, "answer": _size(body),
+                   # the first ask: insights are computed then, and stored
+                   "first_ms": round(ms, 1),
+                   "bytes": len(answer.content),
+                   "cold_ms": round(statistics.median(cold), 1),
+                   "warm_ms": round(statistics.median(warm), 1),
+                   "cold_runs_ms": [round(v, 1) for v in cold],
+                   "warm_runs_ms": [round(v, 1) for v in warm], "load_before": round(load, 2)}
+            results.append(row)
+            print(f"  {counted_by:8} {endpoint:15} {label:38} {row['answer']:>30}  "
+                  f"cold {row['cold_ms']:>8.1f} ms  warm {row['warm_ms']:>5.1f} ms  "
+                  f"(load {load:.2f})", flush=True)
+    finally:
+        settings.COLUMNS_DIR = served_by
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=float, default=500)
+    parser.add_argument("--objects", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=7, help="runs per measurement (default 7)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure the incident built by the previous run, do not rebuild")
+    parser.add_argument("--only", choices=("index", "database"),
+                        help="measure one way of answering only")
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
+                        help="PostgreSQL database to DROP and recreate (its name must contain "
+                             f"'bench'; default {DEFAULT_DATABASE_URL})")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "bench" / "figure"))  # its build.py
+    ingest = _module("bench_ingest", ROOT / "bench" / "ingest")
+    figure = _module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
+    ingest._bench_database(args.database_url)  # refuses a database not named *bench*
+    columns_dir = OUT_DIR / "analysis-columns"
+    shutil.rmtree(columns_dir, ignore_errors=True)
+    # no CACHE_URL and no broker: the in-process cache, emptied before every cold run without
+    # flushing a Redis database that something else may use
+    figure.setup_django(args.database_url, "", columns_dir)
+
+    results: dict = {"data": "synthetic: the figure benchmark's incident (fixture requests "
+                             "cloned with new auditIDs, times, names, log-normal latencies)",
+                     "events": args.events, "seed": args.seed}
+    if args.reuse:
+        incident_id = figure.existing_incident(args.events)
+        print(f"reusing incident {incident_id} of {args.database_url}", flush=True)
+    else:
+        print(f"building {args.events:,} synthetic events in {args.database_url} …", flush=True)
+        results["build"] = figure.build_incident(ingest, args)
+        incident_id = results["build"]["incident"]
+    results["column_index"] = figure.build_column_index(incident_id)
+    print(f"cold (cache emptied, index closed), median of {args.runs} …", flush=True)
+    results["server"] = []
+    if args.only != "database":
+        results["server"] += measure(incident_id, args.runs, index=True)
+    if args.only != "index":
+        results["server"] += measure(incident_id, args.runs, index=False)
+    results["machine"] = {**ingest.machine(),
+                          "postgresql": ingest.postgres_version(args.database_url),
+                          "load_average_end": [round(v, 2) for v in os.getloadavg()]}
+    results["code"] = ingest.checkout()
+    results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"analysis-{args.events}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results  {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

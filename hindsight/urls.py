@@ -69,6 +69,8 @@ urlpatterns = [
          name="incident-stats-inflight"),
     path("api/v1/incidents/<int:incident_pk>/insights/", insights_views.insights_api,
          name="incident-insights"),
+    path("api/v1/incidents/<int:incident_pk>/insights/<int:number>/sequence/",
+         insights_views.insight_sequence_api, name="incident-insight-sequence"),
     path("api/v1/incidents/<int:incident_pk>/pods/", pods_views.pods_api, name="incident-pods"),
     path("api/v1/incidents/<int:incident_pk>/compare/", compare_views.compare_api,
          name="incident-compare"),

@@ -80,6 +80,7 @@ class AllTextOf(django_filters.Filter):
 
 
 class EventFilterSet(django_filters.FilterSet):
+    id = IntAnyOf(help_text="event ids (an insight's evidence)")
     kind = AnyOf(help_text="audit, event, log or trace")
     resource = AnyOf(help_text="objectRef.resource, whatever the subresource")
     subresource = AnyOf()

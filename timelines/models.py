@@ -150,3 +150,19 @@ class IncidentPurge(models.Model):
 
     def __str__(self) -> str:
         return f"purge of incident {self.incident_id}"
+
+
+class IncidentInsights(models.Model):
+    """An incident's findings (``timelines.analysis.insights``) for one data version
+    (``aggregate.data_version``): computed once when its uploads finish, or by the first read
+    of a version without them, and replaced when a new version computes them. Goes with the
+    incident (a cascading foreign key: one small row, unlike the events)."""
+
+    incident = models.OneToOneField(Incident, on_delete=models.CASCADE, related_name="+")
+    version = models.TextField()
+    computed_at = models.DateTimeField(default=timezone.now)
+    seconds = models.FloatField(default=0)  # how long the computation took
+    insights = models.JSONField(default=list)
+
+    def __str__(self) -> str:
+        return f"insights of incident {self.incident_id} at {self.version}"

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from incidents.models import Upload
 
+from .analysis import insights
 from .ingest import fail_upload, ingest_upload, purge, settle_years
 from .ingest.bundle import finish_bundle
 from .queries import warm_overview
@@ -66,9 +67,11 @@ def warm_overview_task(incident_id: int) -> None:
 def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
     """What follows the last upload of an incident to finish, wherever uploads are ingested (a
     worker, the embedded thread, ``manage.py ingest``): guessed years settled, then the overview
-    counted (``cache_figures``: see ``queries.warm_overview``)."""
+    counted (``cache_figures``: see ``queries.warm_overview``), then its insights computed and
+    stored for the new data version (``analysis.insights``)."""
     settle_years(incident_id)
     warm_overview(incident_id, cache_figures=cache_figures)
+    insights.refresh_after_ingest(incident_id)
 
 
 def _spawn(upload_ids: list[int]) -> None:

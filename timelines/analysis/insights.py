@@ -1,0 +1,566 @@
+"""Findings a reviewer would otherwise look for by eye: LISTs served from etcd, slow requests,
+deletions, re-created objects, error bursts, conflicting writers and what the audit policy
+captured.
+
+Each kind has a query that selects or aggregates its few rows in the database (no pass over a
+million rows in Python) and a pure function of those rows that makes its insights, tested on
+plain rows. An insight is a dict::
+
+    {"kind", "title", "severity": "critical"|"warning"|"info", "explanation": one line,
+     "events": [event ids, time order, at most MAX_EVENTS], "event_count": how many in all,
+     "filters": {parameter: [values]} (events-API filters naming them when they are more than
+     the ids), …fields of its kind}
+
+``compute`` runs every kind over one incident; ``timelines.analysis.store`` keeps the answer
+per data version.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+import orjson
+from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import Trunc
+from django.utils import timezone
+
+from incidents.models import IncidentGone, writing
+from incidents.notes import format_duration, format_time
+
+from ..aggregate import data_version
+from ..models import BodyChunk, Event, IncidentInsights
+
+log = logging.getLogger(__name__)
+
+KINDS = ("list-without-resource-version", "slow-request", "deletion", "recreated-object",
+         "error-burst", "conflicting-writers", "audit-coverage")
+SEVERITIES = ("critical", "warning", "info")
+MAX_EVENTS = 200  # event ids an insight carries
+SLOW_MS = 1000.0  # a request slower than this is a slow request
+SLOW_CRITICAL_MS = 10_000.0
+MAX_SLOW = 25  # slow requests told one by one (the rest in one more insight)
+# long-running by design: their duration is the stream's, not the apiserver's work
+STREAM_SUBRESOURCES = ("exec", "attach", "log", "portforward", "proxy")
+TRACE_SLACK = timedelta(seconds=2)  # a trace starts this close to its request's received time
+MAX_ACTORS = 10  # actors listed for LISTs served from etcd
+ETCD_LIST_WARNING = 100  # LISTs of one actor from etcd that make a warning (or ETCD_MS_WARNING)
+ETCD_MS_WARNING = 10_000.0
+MAX_GROUPS = 30  # deletion groups, recreated objects, finalizer removals
+MAX_BODIES = 2000  # bodies read for one kind
+BURST_MIN = 10  # errors of one category in a minute that may be a burst
+BURST_FACTOR = 5  # …when this many times the category's mean rate over the incident
+BURST_SPAN = timedelta(minutes=10)  # below this span every concentration of errors counts
+MAX_BURSTS = 20
+MAX_OBJECTS = 200  # objects with several writers looked at
+MIN_SWITCHES = 2  # A, B, A: two changes of writer
+WRITE_VERBS = ("create", "update", "patch", "delete")
+RESOURCE_VERSION_SET = r"[?&]resourceVersion=[^&]"
+STATUS_OK = Q(code__gte=200, code__lt=300)
+
+
+def insight(kind: str, title: str, severity: str, explanation: str, events: Iterable[int],
+            *, event_count: int | None = None, **extra) -> dict:
+    ids = list(dict.fromkeys(events))
+    return {"kind": kind, "title": title, "severity": severity, "explanation": explanation,
+            "events": ids[:MAX_EVENTS],
+            "event_count": len(ids) if event_count is None else event_count, **extra}
+
+
+def rfc3339(when: datetime | None) -> str | None:
+    return format_time(when) if when is not None else None
+
+
+def object_label(resource: str, namespace: str, name: str, subresource: str = "") -> str:
+    what = resource + (f"/{subresource}" if subresource else "")
+    return " ".join(p for p in (what, "/".join(p for p in (namespace, name) if p)) if p)
+
+
+def ms(delta: timedelta) -> float:
+    return delta / timedelta(milliseconds=1)
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def count_of(count: int, resource: str) -> str:
+    """``3 configmaps``, ``1 configmap``, ``1 networkpolicy`` (resources are plural)."""
+    if not resource:
+        return plural(count, "object")
+    if count != 1:
+        return f"{count:,} {resource}"
+    for ending, singular in (("ies", "y"), ("sses", "ss"), ("xes", "x"), ("s", "")):
+        if resource.endswith(ending):
+            return f"1 {resource[:-len(ending)] + singular}"
+    return f"1 {resource}"
+
+
+def requests_of(events: QuerySet) -> QuerySet:
+    return events.filter(kind=Event.Kind.AUDIT)
+
+
+def read_bodies(rows: Iterable[dict]) -> dict[int, dict]:
+    """The stored bodies of ``rows`` (dicts with ``id``, ``body_chunk``, ``body_index``) by
+    event id, reading each chunk once (in batches of chunks), whatever the number of events."""
+    wanted: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for row in rows:
+        if row.get("body_chunk") is not None:
+            wanted[row["body_chunk"]].append((row["id"], row["body_index"]))
+    bodies: dict[int, dict] = {}
+    chunk_ids = sorted(wanted)
+    for start in range(0, len(chunk_ids), 200):
+        for chunk in BodyChunk.objects.filter(pk__in=chunk_ids[start:start + 200]).only("data"):
+            lines = chunk.lines()
+            for event_id, index in wanted[chunk.pk]:
+                if index < len(lines):
+                    try:
+                        bodies[event_id] = orjson.loads(lines[index])
+                    except orjson.JSONDecodeError:
+                        continue
+    return bodies
+
+
+def metadata_of(body: dict | None, side: str) -> dict:
+    obj = (body or {}).get(side)
+    if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+        return obj["metadata"]
+    return {}
+
+
+# --- list-without-resource-version ------------------------------------------------------------
+
+def etcd_list_rows(events: QuerySet) -> list[dict]:
+    """Per actor, the LISTs without a ``resourceVersion`` (or with an empty one): ``username``,
+    ``count``, ``total_ms``, ``max_ms``, ``first``, ``last``, ``resources`` ([(resource, n)]),
+    ``ids`` (the slowest, at most MAX_EVENTS); the MAX_ACTORS actors of most time."""
+    lists = requests_of(events).filter(verb="list").exclude(request_uri__regex=RESOURCE_VERSION_SET)
+    actors = list(lists.order_by().values("username").annotate(
+        count=Count("id"), total_ms=Sum("duration_ms"), max_ms=Max("duration_ms"),
+        first=Min("received"), last=Max("received"),
+    ).order_by(F("total_ms").desc(nulls_last=True), "-count", "username")[:MAX_ACTORS])
+    if not actors:
+        return []
+    resources = defaultdict(list)
+    for row in lists.filter(username__in=[a["username"] for a in actors]).order_by().values(
+            "username", "resource").annotate(n=Count("id")).order_by("-n", "resource"):
+        resources[row["username"]].append((row["resource"], row["n"]))
+    for actor in actors:
+        actor["resources"] = resources[actor["username"]]
+        actor["ids"] = [i for i, _ in sorted(
+            lists.filter(username=actor["username"]).order_by(
+                F("duration_ms").desc(nulls_last=True), "id").values_list("id", "received")[
+                :MAX_EVENTS], key=lambda pair: (pair[1], pair[0]))]
+    return actors
+
+
+def etcd_list_insights(actors: list[dict]) -> list[dict]:
+    found = []
+    for actor in actors:
+        total = actor["total_ms"] or 0.0
+        severity = "warning" if (actor["count"] >= ETCD_LIST_WARNING
+                                 or total >= ETCD_MS_WARNING) else "info"
+        what = ", ".join(f"{r or '(no resource)'} ({n:,})" for r, n in actor["resources"][:4])
+        user = actor["username"] or "(unknown user)"
+        found.append(insight(
+            "list-without-resource-version",
+            f"{user}: {plural(actor['count'], 'LIST')} served from etcd",
+            severity,
+            f"LIST calls without resourceVersion are read from etcd, not the watch cache: "
+            f"{format_duration(total)} in all, the longest {format_duration(actor['max_ms'] or 0)}"
+            f"; {what}",
+            actor["ids"], event_count=actor["count"],
+            user=actor["username"], count=actor["count"], total_ms=total,
+            max_ms=actor["max_ms"], first=rfc3339(actor["first"]), last=rfc3339(actor["last"]),
+            resources=[{"resource": r, "count": n} for r, n in actor["resources"]],
+            filters={"user": [actor["username"]], "verb": ["list"]}))
+    return found
+
+
+# --- slow-request -------------------------------------------------------------------------------
+
+_SLOW_FIELDS = ("id", "received", "duration_ms", "verb", "username", "user_agent", "resource",
+                "subresource", "namespace", "name", "request_uri", "code", "annotations",
+                "audit_id")
+
+
+def slow_rows(events: QuerySet, threshold_ms: float = SLOW_MS) -> tuple[list[dict], int,
+                                                                        list[dict]]:
+    """(the slowest requests over ``threshold_ms``, at most MAX_SLOW + MAX_EVENTS, slowest
+    first; how many there are; the apiserver traces that may be theirs)."""
+    slow = requests_of(events).filter(duration_ms__gte=threshold_ms).exclude(
+        verb__in=("watch", "connect")).exclude(subresource__in=STREAM_SUBRESOURCES).exclude(
+        request_uri__regex=r"[?&]watch=(true|1)")
+    rows = list(slow.order_by("-duration_ms", "id").values(*_SLOW_FIELDS)[
+        :MAX_SLOW + MAX_EVENTS])
+    if not rows:
+        return [], 0, []
+    count = len(rows) if len(rows) < MAX_SLOW + MAX_EVENTS else slow.count()
+    traces = list(events.filter(kind=Event.Kind.TRACE,
+                                duration_ms__gte=threshold_ms / 2).order_by("received").values(
+        "id", "received", "duration_ms", "verb", "request_uri", "user_agent", "annotations",
+        "message"))
+    return rows, count, traces
+
+
+def _path(uri: str) -> str:
+    return uri.split("?", 1)[0]
+
+
+def match_trace(request: dict, traces: list[dict]) -> dict | None:
+    """The apiserver trace of a request: the one naming its auditID, else the nearest in time
+    (within TRACE_SLACK) with the same verb and path, and the same user agent when both say."""
+    best, best_score = None, None
+    for trace in traces:
+        extra = trace["annotations"] or {}
+        if extra.get("audit-id") and extra["audit-id"] == request["audit_id"]:
+            return trace
+        if abs(trace["received"] - request["received"]) > TRACE_SLACK:
+            continue
+        if trace["verb"] and trace["verb"] != request["verb"]:
+            continue
+        if not trace["request_uri"] or _path(trace["request_uri"]) != _path(
+                request["request_uri"]):
+            continue
+        if trace["user_agent"] and request["user_agent"] and (
+                trace["user_agent"] != request["user_agent"]):
+            continue
+        score = (abs((trace["received"] - request["received"]).total_seconds()) * 1000
+                 + abs((trace["duration_ms"] or 0) - (request["duration_ms"] or 0)))
+        if best_score is None or score < best_score:
+            best, best_score = trace, score
+    return best
+
+
+LATENCY_PREFIX = "apiserver.latency.k8s.io/"
+
+
+def slow_insights(rows: list[dict], count: int, traces: list[dict],
+                  threshold_ms: float = SLOW_MS) -> list[dict]:
+    found = []
+    for row in rows[:MAX_SLOW]:
+        latency = {k[len(LATENCY_PREFIX):]: v for k, v in (row["annotations"] or {}).items()
+                   if k.startswith(LATENCY_PREFIX)}
+        trace = match_trace(row, traces)
+        what = object_label(row["resource"], row["namespace"], row["name"], row["subresource"]) \
+            or row["request_uri"]
+        parts = [f"by {row['username'] or '(unknown user)'}"
+                 + (f" ({row['user_agent']})" if row["user_agent"] else "")
+                 + f" → {row['code'] if row['code'] is not None else 'no response'}"]
+        if latency:
+            parts.append("apiserver: " + ", ".join(f"{k} {v}" for k, v in latency.items()))
+        steps = []
+        if trace is not None:
+            steps = [s for s in (trace["annotations"] or {}).get("steps", "").splitlines() if s]
+            parts.append(f"trace {(trace['annotations'] or {}).get('trace', '')} of "
+                         f"{format_duration(trace['duration_ms'] or 0)}"
+                         + (f", {len(steps)} steps" if steps else ""))
+        duration = row["duration_ms"] or 0.0
+        found.append(insight(
+            "slow-request",
+            f"{(row['verb'] or 'request').upper()} {what} took {format_duration(duration)}",
+            "critical" if duration >= SLOW_CRITICAL_MS else "warning",
+            "; ".join(parts),
+            [row["id"]] + ([trace["id"]] if trace else []),
+            duration_ms=duration, user=row["username"], verb=row["verb"],
+            at=rfc3339(row["received"]), latency=latency,
+            trace=None if trace is None else {
+                "event": trace["id"], "id": (trace["annotations"] or {}).get("trace", ""),
+                "total_ms": trace["duration_ms"], "message": trace["message"],
+                "steps": steps}))
+    rest = rows[MAX_SLOW:]
+    if rest:
+        found.append(insight(
+            "slow-request",
+            f"{plural(count - MAX_SLOW, 'more request')} over {format_duration(threshold_ms)}",
+            "warning",
+            f"the slowest {MAX_SLOW} are listed one by one; these took "
+            f"{format_duration(rest[-1]['duration_ms'] or 0)} to "
+            f"{format_duration(rest[0]['duration_ms'] or 0)}",
+            [r["id"] for r in sorted(rest, key=lambda r: (r["received"], r["id"]))],
+            event_count=count - MAX_SLOW))
+    return found
+
+
+# --- error-burst --------------------------------------------------------------------------------
+
+CATEGORIES = {"conflict": "409 conflicts", "throttled": "429 throttling",
+              "server": "5xx server errors", "client": "4xx client errors"}
+_CATEGORY_CODES = {"conflict": Q(code=409), "throttled": Q(code=429),
+                   "server": Q(code__gte=500, code__lt=600),
+                   "client": Q(code__gte=400, code__lt=500) & ~Q(code__in=(409, 429))}
+
+
+def error_minutes(events: QuerySet) -> tuple[list[tuple[str, datetime, int]], datetime | None,
+                                             datetime | None]:
+    """(errors per (category, minute), the incident's first and last request): one GROUP BY."""
+    requests = requests_of(events)
+    bounds = requests.order_by().aggregate(first=Min("received"), last=Max("received"))
+    category = Case(*(When(condition, then=Value(name))
+                      for name, condition in _CATEGORY_CODES.items()), default=Value(""))
+    rows = requests.filter(code__gte=400, code__lt=600).annotate(
+        category=category, minute=Trunc("received", "minute")).order_by().values(
+        "category", "minute").annotate(n=Count("id")).values_list("category", "minute", "n")
+    return list(rows), bounds["first"], bounds["last"]
+
+
+def find_bursts(minutes: list[tuple[str, datetime, int]], first: datetime | None,
+                last: datetime | None) -> list[dict]:
+    """Runs of consecutive minutes in which one category's errors reach BURST_MIN and
+    BURST_FACTOR times its mean rate over the incident (any concentration when the incident
+    spans less than BURST_SPAN): ``category``, ``start``, ``end`` (the minute after),
+    ``count``, the busiest first."""
+    if first is None:
+        return []
+    span_minutes = max(1.0, (last - first) / timedelta(minutes=1))
+    totals = Counter()
+    for category, _, n in minutes:
+        totals[category] += n
+    bursts = []
+    by_category = defaultdict(list)
+    for category, minute, n in minutes:
+        by_category[category].append((minute, n))
+    for category, rows in by_category.items():
+        baseline = totals[category] / span_minutes if last - first >= BURST_SPAN else 0.0
+        current = None
+        for minute, n in sorted(rows):
+            if n < BURST_MIN or n < BURST_FACTOR * baseline:
+                current = None
+                continue
+            if current and current["end"] == minute:
+                current["end"] = minute + timedelta(minutes=1)
+                current["count"] += n
+            else:
+                current = {"category": category, "start": minute,
+                           "end": minute + timedelta(minutes=1), "count": n,
+                           "baseline": baseline}
+                bursts.append(current)
+    return sorted(bursts, key=lambda b: (-b["count"], b["start"]))[:MAX_BURSTS]
+
+
+def burst_details(events: QuerySet, bursts: list[dict]) -> list[dict]:
+    """Each burst with its errors (``ids``, at most MAX_EVENTS), ``codes``, and its top
+    ``users`` and ``resources``."""
+    for burst in bursts:
+        errors = requests_of(events).filter(_CATEGORY_CODES[burst["category"]],
+                                       received__gte=burst["start"], received__lt=burst["end"])
+        burst["ids"] = list(errors.order_by("received", "id").values_list("id", flat=True)[
+            :MAX_EVENTS])
+        burst["codes"] = dict(errors.order_by().values_list("code").annotate(n=Count("id")))
+        for field, name in (("username", "users"), ("resource", "resources")):
+            burst[name] = list(errors.order_by().values_list(field).annotate(
+                n=Count("id")).order_by("-n", field)[:3])
+    return bursts
+
+
+def burst_insights(bursts: list[dict]) -> list[dict]:
+    found = []
+    for burst in bursts:
+        minutes = (burst["end"] - burst["start"]) / timedelta(minutes=1)
+        users = ", ".join(f"{u or '(unknown)'} ({n:,})" for u, n in burst["users"])
+        resources = ", ".join(f"{r or '(none)'} ({n:,})" for r, n in burst["resources"])
+        severity = "critical" if burst["category"] in ("server", "throttled") else "warning"
+        found.append(insight(
+            "error-burst",
+            f"{burst['count']:,} {CATEGORIES[burst['category']]} in {minutes:g} min from "
+            f"{format_time(burst['start'])}",
+            severity,
+            f"mostly {users}; on {resources}"
+            + (f"; {burst['baseline']:.1f}/min on average over the incident"
+               if burst["baseline"] else ""),
+            burst["ids"], event_count=burst["count"], category=burst["category"],
+            since=rfc3339(burst["start"]), until=rfc3339(burst["end"] - timedelta(microseconds=1)),
+            codes={str(k): v for k, v in burst["codes"].items()},
+            filters={"code": [str(c) for c in sorted(burst["codes"])]}))
+    return found
+
+
+# --- conflicting-writers ------------------------------------------------------------------------
+
+def writer_rows(events: QuerySet) -> list[dict]:
+    """The writes (create, update, patch, delete; answered 2xx or 409) of the objects that
+    several actors wrote, at most MAX_OBJECTS objects (the most written first), in time order:
+    ``id``, ``received``, ``username``, ``verb``, ``code``, and the object."""
+    writes = requests_of(events).filter(Q(code=409) | STATUS_OK, verb__in=WRITE_VERBS).exclude(
+        name="")
+    objects = list(writes.order_by().values("resource", "subresource", "namespace", "name")
+                   .annotate(writers=Count("username", distinct=True), n=Count("id"))
+                   .filter(writers__gte=2).order_by("-n", "resource", "name")[:MAX_OBJECTS])
+    if not objects:
+        return []
+    keys = {(o["resource"], o["subresource"], o["namespace"], o["name"]) for o in objects}
+    return [w for w in writes.filter(
+        resource__in={k[0] for k in keys}, name__in={k[3] for k in keys}).order_by(
+        "received", "id").values("id", "received", "username", "verb", "code", "resource",
+                                 "subresource", "namespace", "name")
+        if (w["resource"], w["subresource"], w["namespace"], w["name"]) in keys]
+
+
+def writer_insights(writes: list[dict]) -> list[dict]:
+    """Objects whose writers alternate (A, B, A…: at least MIN_SWITCHES changes of writer, one
+    writer coming back), the most switches first."""
+    objects: dict[tuple, list[dict]] = defaultdict(list)
+    for write in writes:
+        objects[(write["resource"], write["subresource"], write["namespace"],
+                 write["name"])].append(write)
+    found = []
+    for (resource, subresource, namespace, name), items in objects.items():
+        runs = [items[0]["username"]]
+        for write in items[1:]:
+            if write["username"] != runs[-1]:
+                runs.append(write["username"])
+        switches = len(runs) - 1
+        if switches < MIN_SWITCHES or len(set(runs)) == len(runs):
+            continue
+        writers = Counter(w["username"] for w in items)
+        conflicts = sum(1 for w in items if w["code"] == 409)
+        names = " and ".join(u or "(unknown)" for u, _ in writers.most_common(2))
+        if len(writers) > 2:
+            names += f" (+{len(writers) - 2})"
+        found.append((switches, insight(
+            "conflicting-writers",
+            f"{names} alternately wrote {object_label(resource, namespace, name, subresource)}",
+            "critical" if conflicts else "warning",
+            f"{plural(len(items), 'write')}, the writer changing {switches} times between "
+            f"{format_time(items[0]['received'])} and {format_time(items[-1]['received'])}"
+            + (f"; {plural(conflicts, '409 conflict')}" if conflicts else ""),
+            [w["id"] for w in items], resource=resource, subresource=subresource,
+            namespace=namespace, name=name, switches=switches, conflicts=conflicts,
+            writers=[{"user": u, "writes": n} for u, n in writers.most_common()],
+            filters={"resource": [resource], "name": [name], "verb": list(WRITE_VERBS),
+                     **({"namespace": [namespace]} if namespace else {})})))
+    found.sort(key=lambda pair: -pair[0])
+    return [item for _, item in found[:MAX_GROUPS]]
+
+
+# --- audit-coverage -----------------------------------------------------------------------------
+
+def coverage_rows(events: QuerySet) -> list[tuple[str, str, str, bool, int]]:
+    """(resource, level, stage, is a write, requests) over the incident's requests: one
+    GROUP BY."""
+    write = Case(When(verb__in=WRITE_VERBS, then=Value(True)), default=Value(False))
+    return list(requests_of(events).annotate(write=write).order_by().values_list(
+        "resource", "level", "stage", "write").annotate(n=Count("id")))
+
+
+BODY_LEVELS = ("Request", "RequestResponse")
+
+
+def coverage_insights(rows: list[tuple[str, str, str, bool, int]]) -> list[dict]:
+    if not rows:
+        return []
+    levels, stages = Counter(), Counter()
+    resources: dict[str, Counter] = defaultdict(Counter)
+    writes_without, writes = Counter(), Counter()
+    for resource, level, stage, write, n in rows:
+        levels[level or "(none)"] += n
+        stages[stage or "(none)"] += n
+        resources[resource][level or "(none)"] += n
+        if write:
+            writes[resource] += n
+            if level not in BODY_LEVELS:
+                writes_without[resource] += n
+    total = sum(levels.values())
+    undiffable = sorted(r for r in writes if r and writes_without[r] == writes[r])
+    partly = sorted(r for r in writes if r and 0 < writes_without[r] < writes[r])
+    share = ", ".join(f"{level} {n * 100 / total:.0f}%" for level, n in levels.most_common())
+    explanation = f"{plural(total, 'request')}: {share}"
+    if undiffable:
+        explanation += ("; no bodies (Metadata level) for the writes of "
+                        + ", ".join(undiffable[:8]) + ("…" if len(undiffable) > 8 else "")
+                        + ": their changes cannot be diffed")
+    elif not writes:
+        explanation += "; no writes"
+    else:
+        explanation += "; every write has its body: changes can be diffed"
+    if stages.get("RequestReceived"):
+        explanation += (f"; {plural(stages['RequestReceived'], 'request')} never reached "
+                        "ResponseComplete in these logs")
+    body_writes = sum(writes.values()) - sum(writes_without.values())
+    severity = "warning" if writes and body_writes * 2 < sum(writes.values()) else "info"
+    return [insight(
+        "audit-coverage", "What the audit policy captured", severity, explanation, [],
+        levels=dict(levels.most_common()), stages=dict(stages.most_common()),
+        resources=[{"resource": r, "levels": dict(c.most_common()),
+                    "writes": writes[r], "writes_without_body": writes_without[r]}
+                   for r, c in sorted(resources.items(), key=lambda kv: -sum(kv[1].values()))],
+        undiffable=undiffable, partly_diffable=partly)]
+
+
+# --- all of them --------------------------------------------------------------------------------
+
+def compute(incident_id: int, *, slow_ms: float = SLOW_MS) -> list[dict]:
+    """Every insight of the incident, the most severe first (kinds in KINDS order within a
+    severity), each with its ``id``: its position in this list."""
+    from . import deletions  # which uses the helpers above
+
+    events = Event.objects.filter(incident_id=incident_id)
+    found = etcd_list_insights(etcd_list_rows(events))
+    found += slow_insights(*slow_rows(events, slow_ms), threshold_ms=slow_ms)
+    found += deletions.find(events)
+    found += burst_insights(burst_details(events, find_bursts(*error_minutes(events))))
+    found += writer_insights(writer_rows(events))
+    found += coverage_insights(coverage_rows(events))
+    found.sort(key=lambda i: (SEVERITIES.index(i["severity"]), KINDS.index(i["kind"])))
+    for number, item in enumerate(found):
+        item["id"] = number
+    return found
+
+
+
+# --- stored once per data version ---------------------------------------------------------------
+
+def refresh(incident_id: int) -> IncidentInsights | None:
+    """Compute the incident's insights and store them under its data version, replacing those
+    of an older one; None (nothing stored) while an upload runs, whose evidence is changing, or
+    when the incident was deleted meanwhile."""
+    version = data_version(incident_id)
+    if version is None:
+        return None
+    started = time.perf_counter()
+    found = compute(incident_id)
+    seconds = time.perf_counter() - started
+    try:
+        with writing(incident_id):
+            row, _ = IncidentInsights.objects.update_or_create(
+                incident_id=incident_id, defaults={
+                    "version": version, "insights": found, "seconds": seconds,
+                    "computed_at": timezone.now()})
+    except IncidentGone:
+        return None
+    except IntegrityError:  # another request stored them at the same moment
+        return IncidentInsights.objects.filter(incident_id=incident_id).first()
+    log.info("insights of incident %s: %d in %.2f s", incident_id, len(found), seconds)
+    return row
+
+
+def current(incident_id: int) -> tuple[list[dict], IncidentInsights | None]:
+    """The insights of the incident's current data version: the stored ones, else computed now
+    (and stored). While an upload runs: the stored ones of the last version if any (the row
+    says which), else computed without storing them."""
+    row = IncidentInsights.objects.filter(incident_id=incident_id).first()
+    version = data_version(incident_id)
+    if row is not None and (row.version == version or version is None):
+        return row.insights, row
+    if version is None:
+        return compute(incident_id), None
+    row = refresh(incident_id)
+    if row is None:  # a new upload started meanwhile
+        return compute(incident_id), None
+    return row.insights, row
+
+
+def refresh_after_ingest(incident_id: int) -> None:
+    """``refresh`` once an incident's uploads have finished (``tasks.finish_incident``). A
+    failure here is logged and leaves the insights to the first read: it never fails an ingest
+    that has succeeded. Database errors propagate (the worker's task retries them)."""
+    try:
+        refresh(incident_id)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        log.exception("insights of incident %s could not be computed", incident_id)

@@ -303,6 +303,9 @@ SPECS = {
     ("incident-figure", "GET"): (READ, lambda w: inc(w, "figure/")),
     ("incident-facets", "GET"): (READ, lambda w: inc(w, "facets/?field=verb")),
     ("incident-overview", "GET"): (READ, lambda w: inc(w, "overview/")),
+    ("incident-stats", "GET"): (READ, lambda w: inc(w, "stats/?by=verb")),
+    ("incident-stats-inflight", "GET"): (READ, lambda w: inc(w, "stats/inflight/?by=verb")),
+    ("stats-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/stats/"),
     ("api:incident-annotation-list", "GET"): (READ, lambda w: inc(w, "annotations/")),
     ("api:incident-annotation-list", "POST"): (WRITE, lambda w: (
         inc(w, "annotations/"), {"start": _now(), "note": "seen"})),

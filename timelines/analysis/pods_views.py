@@ -1,15 +1,254 @@
-"""HTTP side of ``timelines.analysis.pods``: not built yet."""
+"""Reading the store for ``timelines.analysis.pods`` and its HTTP side: the pod phases API and
+page, with the events list's filters and access rules.
+
+Only evidence about pods is read, through the ``event_object`` index (incident, resource, …):
+the incident's successful requests on pods that say something of a phase and its Events about
+pods, plus its controllers' ``SuccessfulCreate``/``SuccessfulDelete`` Events. Status writes,
+creates, bindings and deletes are read with their stored bodies; decompressing those is most of
+the work (a chunk of 500 bodies per few of them), so what each body says (``pods.Fact``) is kept
+per data version in the cache, for every such request of the incident, and the answer of each
+query too: a query after the first reads rows and no body.
+"""
 
 from __future__ import annotations
 
-from django.http import HttpResponse
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable
+from urllib.parse import urlencode
+
+import orjson
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.db.models import Q
+from django.http import Http404, HttpResponse, QueryDict
+from django.shortcuts import render
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
+
+from hindsight.schema import FILTERED
+from incidents.access import get_visible_incident, visible_incidents
+from incidents.models import Incident
+
+from .. import aggregate
+from ..filters import EventFilterSet
+from ..models import BodyChunk, Event
+from ..queries import BadQuery
+from . import filtered, pods
+
+CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory
+CHUNKS_PER_QUERY = 100  # body chunks fetched at once (about 100 × 100 kB compressed)
+MAX_WITH = 8  # incidents drawn beside this one on the page
+_ROW_FIELDS = ("id", "kind", "verb", "subresource", "code", "resource", "namespace", "name",
+               "object_uid", "received", "reason", "severity", "count", "message", "body_chunk",
+               "body_index")
 
 
+def _successful_writes() -> Q:
+    """Requests on pods that may say something of a phase."""
+    return Q(kind="audit", code__gte=200, code__lt=300) & (
+        Q(verb="create", subresource__in=("", "binding", "eviction"))
+        | Q(verb="delete", subresource="")
+        | Q(verb__in=("patch", "update"), subresource="status"))
+
+
+def _with_body() -> Q:
+    return Q(kind="audit", code__gte=200, code__lt=300, body_chunk__isnull=False) & (
+        Q(verb="create", subresource__in=("", "binding")) | Q(verb="delete", subresource="")
+        | Q(verb__in=("patch", "update"), subresource="status"))
+
+
+def pod_phases(incident: Incident, params: QueryDict) -> list[dict]:
+    """The pods of the incident's evidence that matches the events filters in ``params``, as
+    the API answers them (cached per data version and query). ``resource`` and ``name`` select
+    pods, not rows: a controller's Event names its pod in its message, and a generated pod's
+    name is only in the body of its create request."""
+    version = aggregate.data_version(incident.pk)
+    query = sorted((name, sorted(values)) for name, values in params.lists()
+                   if name in EventFilterSet.base_filters)
+    key = None
+    if version is not None:
+        digest = hashlib.sha256(repr((version, query)).encode()).hexdigest()[:40]
+        key = f"hindsight:pods:{incident.pk}:{digest}"
+        body = cache.get(key)
+        if body is not None:
+            return orjson.loads(body)
+    answer = _compute(incident, params, version)
+    if key is not None:
+        cache.set(key, orjson.dumps(answer), CACHE_SECONDS)
+    return answer
+
+
+def _compute(incident: Incident, params: QueryDict, version: str | None) -> list[dict]:
+    resources = [r for r in params.getlist("resource") if r.strip()]
+    names = {n.strip() for n in params.getlist("name") if n.strip()}
+    rest = params.copy()
+    rest.pop("resource", None)
+    rest.pop("name", None)
+    events = filtered(incident, rest)  # raises BadQuery
+    if resources and "pods" not in resources:
+        return []
+    about_pods = events.filter(resource="pods").filter(
+        Q(kind="event") | _successful_writes())
+    if names:
+        # a create of a generated name is read whatever its pod's name turns out to be
+        about_pods = about_pods.filter(Q(name__in=names) | Q(name="", verb="create"))
+    controllers = events.filter(resource__in=pods.CONTROLLERS, kind="event",
+                                reason__in=pods.CONTROLLER_REASONS)
+    rows = [*about_pods.order_by().values_list(*_ROW_FIELDS),
+            *controllers.order_by().values_list(*_ROW_FIELDS)]
+    facts_of = _body_facts(incident.pk, version, rows)
+    facts: list[pods.Fact] = []
+    for row in rows:
+        facts.extend(_facts_of_row(row, facts_of))
+    if names:
+        facts = [f for f in facts if f.name in names]
+    return [pod.as_json() for pod in pods.assemble(facts)]
+
+
+def _facts_of_row(row: tuple, facts_of: dict[int, list[pods.Fact]]) -> list[pods.Fact]:
+    (pk, kind, verb, subresource, _code, resource, namespace, name, uid, received, reason,
+     severity, count, message, body_chunk, _index) = row
+    if kind == "event":
+        return pods.facts_of_event(resource, reason, severity, namespace, name, uid,
+                                   pods.microseconds(received), count, message)
+    if pk in facts_of:
+        return facts_of[pk]
+    return pods.facts_of_request(verb, subresource, namespace, name, uid,
+                                 pods.microseconds(received), None)
+
+
+def _body_facts(incident_id: int, version: str | None,
+                rows: list[tuple]) -> dict[int, list[pods.Fact]]:
+    """What the stored bodies of ``rows`` say, by event id: from the cache of the incident's
+    data version (filled, for every request on pods with a body, by the first query that needs
+    one), or read now when an upload is running."""
+    needed = [row for row in rows if row[1] == "audit" and row[14] is not None
+              and pods.wants_body(row[2], row[3])]
+    if not needed:
+        return {}
+    if version is None:
+        return _read_facts(needed)
+    return incident_body_facts(incident_id, version)
+
+
+def incident_body_facts(incident_id: int, version: str) -> dict[int, list[pods.Fact]]:
+    """What the stored body of each of the incident's requests on pods says (those that
+    ``pods.wants_body``), by event id, cached under the data version ``version``."""
+    digest = hashlib.sha256(version.encode()).hexdigest()[:20]
+    key = f"hindsight:pod-facts:{incident_id}:{digest}"
+    stored = cache.get(key)
+    if stored is not None:
+        return {int(pk): [pods.Fact(*f) for f in facts]
+                for pk, facts in orjson.loads(stored).items()}
+    everything = (Event.objects.filter(incident_id=incident_id, resource="pods")
+                  .filter(_with_body()).order_by().values_list(*_ROW_FIELDS))
+    facts = _read_facts(everything.iterator(chunk_size=5000))
+    cache.set(key, orjson.dumps({str(pk): [list(f) for f in of] for pk, of in facts.items()}),
+              CACHE_SECONDS)
+    return facts
+
+
+def warm(incident_id: int) -> None:
+    """Read the stored bodies of the incident's requests on pods once (``incident_body_facts``),
+    so that the first visit of the pod phases does not; for the end of an ingest."""
+    version = aggregate.data_version(incident_id)
+    if version is not None:
+        incident_body_facts(incident_id, version)
+
+
+def _read_facts(rows: Iterable[tuple]) -> dict[int, list[pods.Fact]]:
+    """Facts of requests read with their bodies, each chunk decompressed once."""
+    by_chunk: dict[int, list[tuple]] = defaultdict(list)
+    for row in rows:
+        by_chunk[row[14]].append(row)
+    answer: dict[int, list[pods.Fact]] = {}
+    chunk_ids = sorted(by_chunk)
+    for start in range(0, len(chunk_ids), CHUNKS_PER_QUERY):
+        batch = chunk_ids[start:start + CHUNKS_PER_QUERY]
+        for chunk_id, data in BodyChunk.objects.filter(pk__in=batch).values_list("pk", "data"):
+            lines = BodyChunk(data=data).lines()
+            for row in by_chunk.pop(chunk_id):
+                index = row[15]
+                body = orjson.loads(lines[index]) if index < len(lines) else None
+                answer[row[0]] = _request_facts(row, body)
+    for rows_left in by_chunk.values():  # chunks gone (a purge under way): columns only
+        for row in rows_left:
+            answer[row[0]] = _request_facts(row, None)
+    return answer
+
+
+def _request_facts(row: tuple, body: dict | None) -> list[pods.Fact]:
+    return pods.facts_of_request(row[2], row[3], row[6], row[7], row[8],
+                                 pods.microseconds(row[9]), body)
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+_TIME = {"type": "string", "format": "date-time", "nullable": True}
+_MS = {"type": "number", "nullable": True}
+
+
+@extend_schema(
+    parameters=FILTERED,
+    responses=OpenApiResponse({"type": "array", "items": {"type": "object", "properties": {
+        "namespace": {"type": "string"}, "name": {"type": "string"},
+        "uid": {"type": "string", "nullable": True}, "node": {"type": "string", "nullable": True},
+        **{name: _TIME for name in pods.FIELDS},
+        **{name: _MS for name, _, _ in pods.PHASES},
+        "restarts": {"type": "integer", "nullable": True}, "warnings": {"type": "integer"},
+        "sources": {"type": "object", "additionalProperties": {"type": "string"}}}}},
+        "each pod's phases, in order of its first known time"),
+    filters=False)
 @api_view(["GET"])
 def pods_api(request, incident_pk: int):
-    return HttpResponse(status=501)
+    """Each pod of the incident's evidence matching the events filters: ``namespace``, ``name``,
+    ``uid``, ``node``, when it was ``created``, ``scheduled``, ``started`` (its first
+    container), ``ready``, ``finished`` and ``deleted`` (RFC 3339, or null when the evidence
+    does not say), the durations ``created_to_scheduled_ms``, ``scheduled_to_started_ms``,
+    ``started_to_ready_ms``, ``created_to_ready_ms``, ``restarts``, ``warnings`` (Warning
+    Events) and ``sources``: which evidence gave each time ("audit binding", "status Ready",
+    "event Scheduled", …). ``name`` and ``resource`` select pods (a ``resource`` without
+    ``pods`` selects none)."""
+    incident = get_visible_incident(request.user, incident_pk)
+    try:
+        answer = pod_phases(incident, request.query_params)
+    except BadQuery as exc:
+        raise ValidationError(exc.errors) from None
+    return HttpResponse(orjson.dumps(answer), content_type="application/json")
 
 
+@login_required
 def pods_page(request, pk: int):
-    return HttpResponse(status=501)
+    """The pods table and the distribution of their phase durations, for this incident and the
+    incidents in ``with`` (each must be visible to the user: 404 otherwise), all under the
+    filters in the query string."""
+    incident = get_visible_incident(request.user, pk)
+    runs = [incident]
+    for value in request.GET.getlist("with"):
+        if not value.strip().isdigit():
+            raise Http404("No such incident.")
+        if int(value) not in {run.pk for run in runs}:
+            runs.append(get_visible_incident(request.user, int(value)))  # 404 if not visible
+    runs = runs[:MAX_WITH + 1]
+    with_ids = {run.pk for run in runs[1:]}
+    filters = [(name, value) for name in EventFilterSet.base_filters
+               for value in request.GET.getlist(name) if value != ""]
+    query = urlencode(filters)
+    incident_url = reverse("incidents:detail", args=[pk])
+    choices = (visible_incidents(request.user).exclude(pk=incident.pk)
+               .order_by("-created_at").only("pk", "title", "created_at")[:200])
+    return render(request, "analysis/pods.html", {
+        "incident": incident,
+        "runs": [{"id": run.pk, "title": run.title,
+                  "url": reverse("incident-pods", args=[run.pk]),
+                  "page": reverse("incidents:detail", args=[run.pk])} for run in runs],
+        "choices": [(c.pk, c.title, c.pk in with_ids) for c in choices],
+        "filters": filters,
+        "filter_values": {name: request.GET.get(name, "") for name in ("namespace", "name")},
+        "other_filters": [(n, v) for n, v in filters if n not in ("namespace", "name")],
+        "filters_query": query,
+        "back_url": f"{incident_url}?{query}#timeline" if query else f"{incident_url}#timeline",
+    })

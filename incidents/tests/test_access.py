@@ -306,6 +306,11 @@ SPECS = {
     ("incident-stats", "GET"): (READ, lambda w: inc(w, "stats/?by=verb")),
     ("incident-stats-inflight", "GET"): (READ, lambda w: inc(w, "stats/inflight/?by=verb")),
     ("stats-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/stats/"),
+    ("incident-history", "GET"): (READ, lambda w: inc(w, "history/?resource=pods&name=x")),
+    ("history-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/history/"),
+    # run b is the incident itself: both runs must be visible, and so is this one
+    ("incident-compare", "GET"): (READ, lambda w: inc(w, f"compare/?against={w.incident.pk}")),
+    ("compare-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/compare/"),
     ("api:incident-annotation-list", "GET"): (READ, lambda w: inc(w, "annotations/")),
     ("api:incident-annotation-list", "POST"): (WRITE, lambda w: (
         inc(w, "annotations/"), {"start": _now(), "note": "seen"})),

@@ -43,7 +43,9 @@ class Step(NamedTuple):
 
     @property
     def key(self) -> tuple[str, str, str, str, str, str]:
-        return (self.user, self.verb, self.resource, self.namespace, self.name, self.subresource)
+        """What matches a step with a step of the other run: user, verb, resource,
+        subresource, namespace and name (a slice of the tuple: quick for 10,000 steps)."""
+        return self[3:9]
 
 
 def is_created(step: Step) -> bool:
@@ -86,13 +88,14 @@ def match_steps(steps_a: Sequence[Step], steps_b: Sequence[Step], anchor_a: int,
     for a step only in b), then a's order."""
     occurrences_b: dict[tuple, list[Step]] = defaultdict(list)
     for step in steps_b:
-        occurrences_b[step.key].append(step)
+        occurrences_b[step[3:9]].append(step)
     taken: dict[tuple, int] = defaultdict(int)
     rows: list[tuple[float, int, dict]] = []
     for order, step in enumerate(steps_a):
-        n = taken[step.key]
-        taken[step.key] = n + 1
-        others = occurrences_b.get(step.key, ())
+        key = step[3:9]
+        n = taken[key]
+        taken[key] = n + 1
+        others = occurrences_b.get(key, ())
         other = others[n] if n < len(others) else None
         a = _side(step, anchor_a)
         b = None if other is None else _side(other, anchor_b)

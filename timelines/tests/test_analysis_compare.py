@@ -338,3 +338,17 @@ def test_the_compare_page_draws_both_runs_on_one_axis_and_lists_the_steps(open_p
     assert page.locator("#steps-only-a tbody tr").count() == only_a
     assert page.locator("#steps-only-b tbody tr").count() == only_b
     assert "the first create of an object name both runs share" in page.text_content("#anchors")
+
+
+def test_a_large_answer_goes_gzipped_to_a_client_that_accepts_it(client, owner, runs,
+                                                                  monkeypatch):
+    import gzip
+
+    a, b = runs
+    client.force_login(owner)
+    url = f"/api/v1/incidents/{a.pk}/compare/"
+    plain = client.get(url, {"against": b.pk, "figures": "1"})
+    monkeypatch.setattr(compare_views, "GZIP_MIN_BYTES", 1)
+    packed = client.get(url, {"against": b.pk, "figures": "1"}, HTTP_ACCEPT_ENCODING="gzip")
+    assert packed["Content-Encoding"] == "gzip"
+    assert json.loads(gzip.decompress(packed.content)) == plain.json()

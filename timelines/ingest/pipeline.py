@@ -43,6 +43,7 @@ from .store import (
     ChunkIds,
     analyze_incident,
     copy_affixes,
+    replace_nul,
     write_copy,
     write_rows,
 )
@@ -209,12 +210,14 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
         writer.finish()
     except InputError as exc:
         writer.finish()
+        writer.note_replaced(report)
         _finish(upload, Upload.Status.FAILED, report, message=str(exc),
                 rows=progress.rows, new=writer.new_rows)
         return
     except BaseException:
         writer.abandon()
         raise
+    writer.note_replaced(report)
     progress.parsed(total, progress.rows)
     _finish(upload, Upload.Status.DONE, report, rows=progress.rows, new=writer.new_rows,
             bytes_read=total)
@@ -297,6 +300,7 @@ class _BatchWriter:
         # will too: stop trying the straight COPY.
         self.optimistic = True
         self.stopped = False  # by abandon()
+        self.nul_replaced = 0  # values that held a NUL (store.replace_nul)
         self.thread = threading.Thread(target=self._loop, name="hindsight-writer", daemon=True)
 
     def start(self) -> None:
@@ -339,7 +343,17 @@ class _BatchWriter:
                 continue
         self.thread.join()
 
+    def note_replaced(self, report: Report) -> None:
+        """Say on the upload how many values held a NUL, which the store cannot hold."""
+        if self.nul_replaced:
+            report.notes.append(
+                f"{self.nul_replaced:,} values held a NUL character, which the store cannot "
+                "hold: each NUL was replaced by U+FFFD (\ufffd)")
+
     def _write(self, batch: list[Row] | CopyRows) -> None:
+        if type(batch) is not CopyRows:
+            batch, replaced = replace_nul(batch)
+            self.nul_replaced += replaced
         write = write_copy if type(batch) is CopyRows else write_rows
         new = write(self.incident_id, self.upload_id, batch, optimistic=self.optimistic,
                     table=self.table)

@@ -60,7 +60,7 @@ def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
     ``table``: on PostgreSQL, COPY into this load table instead (``timelines.ingest.bulk``),
     which has no unique index: its rows are deduplicated when the load finishes.
     """
-    rows = _latest_per_request(rows)
+    rows = _latest_per_request(replace_nul(rows)[0])
     with transaction.atomic():
         hold_incident(incident_id)
         chunk_ids = _write_chunks(incident_id, upload_id, rows)
@@ -119,7 +119,7 @@ def copy_affixes(incident_id: int, upload_id: int | None, source: str) -> tuple[
     before ``audit_id`` and those between ``request_uri`` and ``received`` (the C scanner writes
     the rest; see ``_COPY_COLUMNS``)."""
     head = f"{incident_id}\t{_NULL if upload_id is None else upload_id}\t"
-    mid = "\t".join(["", source.translate(_COPY_ESCAPES), "audit", "", "", "", "", "", ""])
+    mid = "\t".join(["", copy_escape(source), "audit", "", "", "", "", "", ""])
     return head.encode(), mid.encode()
 
 
@@ -168,10 +168,72 @@ _TEXT_FIELDS = ["audit_id", "verb", "username", "impersonated_user", "user_agent
 _COPY_COLUMNS = ["incident_id", "upload_id", *_TEXT_FIELDS, "received", "completed",
                  "duration_ms", "groups", "code", "annotations", "line", "count", "body_chunk",
                  "body_index"]
-# PostgreSQL text cannot hold NUL: it is dropped (it never means anything in these fields).
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r",
-                               "\x00": ""})
 _NULL = "\\N"
+
+
+# --- the one rule for text, on every write path -------------------------------------------------
+# PostgreSQL text and jsonb cannot hold NUL. A NUL in any text of a row (a field, a group, a key
+# or value of the annotations) becomes U+FFFD, the replacement character, before any write path
+# sees the row (SQLite too, so that both stores hold the same), and the pipeline counts them in a
+# note of the upload. The C scanner hands a line with a NUL to the Python parser, whose rows
+# come here. Every other character, control characters included, is stored as it was read.
+NUL_REPLACEMENT = "\ufffd"
+# COPY text format: backslash, tab, newline and carriage return are escaped; nothing else is
+# special there (the C scanner's copy_escape is the same rule).
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r",
+                               "\x00": NUL_REPLACEMENT})
+
+
+def copy_escape(value: str) -> str:
+    """A text value as a column of PostgreSQL's COPY text format."""
+    return value.translate(_COPY_ESCAPES)
+
+
+def _array_literal(values: Sequence[str]) -> str:
+    """A text[] value in PostgreSQL's array syntax, every element quoted (then COPY-escaped as
+    any other column)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for v in values) + "}"
+
+
+def _without_nul(value):
+    """A JSON-like value with every NUL of its strings (keys too) replaced."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_REPLACEMENT)
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(v) for v in value]
+    return value
+
+
+def _nul_count(value) -> int:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return sum(_nul_count(k) + _nul_count(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_nul_count(v) for v in value)
+    return 0
+
+
+def replace_nul(rows: Sequence[Row]) -> tuple[Sequence[Row], int]:
+    """``rows`` with every NUL of their text replaced by ``NUL_REPLACEMENT``, and how many
+    values held one. Rows without NUL (nearly all) are returned as they are."""
+    out: list[Row] | None = None
+    count = 0
+    for index, r in enumerate(rows):
+        if "\x00" not in "".join((*(getattr(r, f) for f in _TEXT_FIELDS), *r.groups)) and (
+                not r.annotations or b"\\u0000" not in orjson.dumps(r.annotations)):
+            continue
+        if out is None:
+            out = list(rows)
+        changed = {f: getattr(r, f).replace("\x00", NUL_REPLACEMENT) for f in _TEXT_FIELDS
+                   if "\x00" in getattr(r, f)}
+        count += len(changed) + _nul_count(r.groups) + _nul_count(r.annotations)
+        out[index] = r._replace(**changed, groups=_without_nul(r.groups),
+                                annotations=_without_nul(r.annotations))
+    return (rows if out is None else out), count
 
 
 def _copy_text(incident_id: int, upload_id: int | None, rows: Sequence[Row],
@@ -193,14 +255,9 @@ def _copy_text(incident_id: int, upload_id: int | None, rows: Sequence[Row],
                           r.severity, r.component, r.node))
         if ("\\" in text or "\n" in text or "\r" in text or "\x00" in text
                 or text.count("\t") != separators):
-            text = "\t".join(getattr(r, f).translate(_COPY_ESCAPES) for f in _TEXT_FIELDS)
-        groups = "{" + ",".join('"' + g.replace("\\", "\\\\").replace('"', '\\"') + '"'
-                                for g in r.groups) + "}"
-        annotations = orjson.dumps(r.annotations).decode()
-        if "\\" in groups or "\\" in annotations or "\n" in groups or "\t" in groups:
-            groups = groups.translate(_COPY_ESCAPES)
-            # jsonb refuses the NUL escape as well
-            annotations = annotations.replace("\\u0000", "").translate(_COPY_ESCAPES)
+            text = "\t".join(copy_escape(getattr(r, f)) for f in _TEXT_FIELDS)
+        groups = copy_escape(_array_literal(r.groups)) if r.groups else "{}"
+        annotations = copy_escape(orjson.dumps(r.annotations).decode())
         out.append(
             f"{head}{text}\t{r.received.isoformat()}\t"
             f"{_NULL if r.completed is None else r.completed.isoformat()}\t"

@@ -337,7 +337,8 @@ static int top_members(const char *s, const char *e, const char *const *names, i
 }
 
 /* A string value's content (between the quotes), decoded into ``out`` (plain UTF-8). Returns -1
- * for a lone surrogate escape, which the Python path judges. */
+ * for a lone surrogate escape, which the Python path judges, and for a NUL (\u0000), which the
+ * store replaces and counts (store.replace_nul): the line goes to Python, whose rows it sees. */
 static int decode(Span v, Buf *out) {
     const char *p = v.s + 1, *e = v.e - 1;
     out->n = 0;
@@ -365,7 +366,7 @@ static int decode(Span v, Buf *out) {
                     if (lo < 0xDC00 || lo > 0xDFFF) return -1;
                     cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
                     p += 6;
-                } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                } else if ((cp >= 0xDC00 && cp <= 0xDFFF) || cp == 0) {
                     return -1;
                 }
                 char u[4];
@@ -399,10 +400,11 @@ static int decode(Span v, Buf *out) {
     return 0;
 }
 
-/* COPY text escaping: backslash, tab, newline and CR escaped; NUL dropped (text cannot hold
- * it), as store._COPY_ESCAPES does. */
+/* COPY text escaping, the rule of store.copy_escape: backslash, tab, newline and CR escaped,
+ * every other character as it is. A NUL never comes here (decode hands its line to Python); if
+ * one did, it would become U+FFFD as there. */
 static int copy_escape(Buf *out, const char *s, size_t n) {
-    if (buf_grow(out, 2 * n)) return -2;
+    if (buf_grow(out, 3 * n)) return -2;
     char *o = out->p + out->n;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -411,7 +413,7 @@ static int copy_escape(Buf *out, const char *s, size_t n) {
             case '\t': *o++ = '\\'; *o++ = 't'; break;
             case '\n': *o++ = '\\'; *o++ = 'n'; break;
             case '\r': *o++ = '\\'; *o++ = 'r'; break;
-            case '\0': break;
+            case '\0': *o++ = '\xEF'; *o++ = '\xBF'; *o++ = '\xBD'; break;
             default: *o++ = c;
         }
     }

@@ -38,8 +38,10 @@ def test_awkward_strings_round_trip_through_copy(incident, ingest_file, tmp_path
     assert stored.groups == [AWKWARD, "system:authenticated", "a,b"]
     assert stored.user_agent == AWKWARD + "\r\n"
     assert stored.request_uri == event["requestURI"]
-    assert stored.name == "nulname"  # PostgreSQL text cannot hold NUL
-    assert stored.annotations == {"note": AWKWARD, "nul": "ab"}
+    # PostgreSQL text cannot hold NUL: it becomes U+FFFD, and the upload says so
+    assert stored.name == "nul\ufffdname"
+    assert stored.annotations == {"note": AWKWARD, "nul": "a\ufffdb"}
+    assert any("2 values held a NUL" in note for note in upload.notes), upload.notes
     assert stored.duration_ms == pytest.approx(0.2)
     assert stored.body()["user"]["username"] == AWKWARD
 

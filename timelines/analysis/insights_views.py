@@ -41,6 +41,7 @@ def _answer(found: list[dict], row) -> HttpResponse:
         "most severe first. Kinds: `list-without-resource-version`, `slow-request`, "
         "`deletion`, `recreated-object`, `error-burst`, `conflicting-writers`, "
         "`audit-coverage`. `POST` (writers): compute them again now."),
+    request=None,
     responses={200: OpenApiResponse(OpenApiTypes.OBJECT)},
 )
 @api_view(["GET", "POST"])

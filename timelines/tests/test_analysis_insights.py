@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from hindsight.testing import page_query
 from incidents.models import Incident
 from incidents.notes import Sequence, format_time
 from timelines.analysis import insights
@@ -450,3 +451,59 @@ def test_insights_of_the_fixtures_on_sqlite(incident, ingest_file, fixtures_dir)
     assert {(i["resource"], i["name"]) for i in of_kind(found, "recreated-object")} >= {
         ("namespaces", "foo"), ("clusterroles", "some-reader")}
     assert Incident.objects.filter(pk=incident.pk).exists()
+
+
+# --- the incident page --------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_panel_shows_the_insights_and_a_click_puts_their_events_on_the_timeline(
+        open_page, owner, incident, falco):
+    found = insights.refresh(incident.pk).insights
+    [recreated] = [i for i in of_kind(found, "recreated-object") if i["name"] == "some-reader"]
+    # read from the fixture: the delete of clusterrole some-reader and its next create
+    delete = next(r for r in falco if (r["verb"], r["name"]) == ("delete", "some-reader"))
+    create = next(r for r in falco if (r["verb"], r["name"]) == ("create", "some-reader")
+                  and r["received"] > delete["received"])
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    page.wait_for_selector("#insights-list li.insight")
+    shown = page.eval_on_selector_all(
+        "#insights-list li.insight", "items => items.map(i => i.querySelector("
+        "'.insight-title').textContent)")
+    assert shown == [i["title"] for i in found]
+    item = page.locator(f'#insights-list li[data-insight="{recreated["id"]}"]')
+    assert recreated["explanation"] in item.text_content()
+    assert item.locator("button.start-sequence").count() == 1  # the owner writes
+    item.locator("a.evidence").click()
+    page.wait_for_load_state()
+    page.wait_for_function(
+        "Number(document.getElementById('gantt').dataset.drawn || 0) >= 1")
+    assert sorted(map(int, page_query(page)["id"])) == sorted([delete["id"], create["id"]])
+    assert "2 events on" in page.text_content("#gantt-status")
+    rows = page.eval_on_selector_all("#events tbody tr[data-event]",
+                                     "rows => rows.map(r => Number(r.dataset.event))")
+    assert rows == [delete["id"], create["id"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reader_sees_no_sequence_button(open_page, teammate, incident, falco):
+    insights.refresh(incident.pk)
+    page = open_page(teammate, f"/incidents/{incident.pk}/")
+    page.wait_for_selector("#insights-list li.insight")
+    assert page.locator("#insights-list button.start-sequence").count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_start_a_sequence_from_the_panel_opens_it_on_the_timeline(open_page, owner, incident,
+                                                                   falco):
+    found = insights.refresh(incident.pk).insights
+    [recreated] = [i for i in of_kind(found, "recreated-object") if i["name"] == "some-reader"]
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    item = page.locator(f'#insights-list li[data-insight="{recreated["id"]}"]')
+    item.locator("button.start-sequence").click()
+    page.wait_for_url("**sequence=*")
+    sequence = Sequence.objects.get(incident=incident)
+    assert page_query(page)["sequence"] == [str(sequence.pk)]
+    page.wait_for_selector("#sequence-steps li.step")
+    assert page.eval_on_selector_all("#sequence-steps li.step", "items => items.map("
+                                     "i => Number(i.dataset.event))") == recreated["events"]
+    assert sequence.title == recreated["title"]

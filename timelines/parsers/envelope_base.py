@@ -31,6 +31,12 @@ _TRUE = frozenset(("1", "t", "T", "TRUE", "true", "True"))  # Go's strconv.Parse
 _WHITESPACE = re.compile(r"\s*")
 _VALUE_AT_LINE_START = re.compile(r"^[\[{]", re.MULTILINE)
 _YAML_DOCUMENT_START = re.compile(rb"^---(?=[ \t\r\n]|$)", re.MULTILINE)
+# Lines that start a value: a JSON one (maybe indented, in a pretty-printed list), a YAML
+# document, list item or key in column 0.
+_JSON_START = re.compile(rb"^[ \t]*[{\[]", re.MULTILINE)
+_JSON_LINE_START = re.compile(rb"^[{\[]", re.MULTILINE)
+_YAML_START = re.compile(rb"^(?:---|-[ \t\r]|-$|[^\s:#{}\[\]\-][^:\r\n]*:(?:[ \t\r]|$))",
+                         re.MULTILINE)
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -165,9 +171,29 @@ def yaml_values(data: bytes, report: Report) -> Iterator[tuple[Any, int]]:
 
 
 def values_of(data: bytes, report: Report) -> Iterator[tuple[Any, int]]:
-    """JSON values if the content starts like JSON, else YAML documents."""
-    start = data.lstrip()[:1]
-    if start in (b"{", b"["):
+    """JSON values if the content is JSON, else YAML documents. A line in column 0 that is a
+    JSON value of its own means JSON lines; otherwise the lines that start a value (``{``/``[``,
+    maybe indented, for JSON; ``---``, ``- `` or ``key:`` in column 0 for YAML) decide, the more
+    numerous kind winning, then the first. A damaged line, even the first, must not make a JSON
+    file YAML and lose every value in it."""
+    for tries, match in enumerate(_JSON_LINE_START.finditer(data)):
+        end = data.find(b"\n", match.start())
+        try:
+            orjson.loads(data[match.start():end if end >= 0 else len(data)])
+        except orjson.JSONDecodeError:
+            if tries < 100:
+                continue
+        else:
+            return json_values(data, report)
+        break
+    json_starts = sum(1 for _ in _JSON_START.finditer(data))
+    yaml_starts = sum(1 for _ in _YAML_START.finditer(data))
+    if json_starts == yaml_starts:
+        first_json, first_yaml = _JSON_START.search(data), _YAML_START.search(data)
+        if first_json is not None and (first_yaml is None or first_json.start()
+                                       < first_yaml.start()):
+            return json_values(data, report)
+    elif json_starts > yaml_starts:
         return json_values(data, report)
     return yaml_values(data, report)
 

@@ -9,9 +9,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 
+from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident
 
 from ..filters import EventFilterSet
@@ -19,8 +21,23 @@ from ..queries import BadQuery
 
 BY_LABELS = {"user": "User", "user_agent": "User agent", "verb": "Verb", "resource": "Resource",
              "namespace": "Namespace", "code": "Code"}
+_BY = OpenApiParameter("by", str, enum=list(BY_LABELS), description="default user")
+_MS = {"type": "number", "nullable": True}
+_ROW = {"type": "object", "properties": {
+    "key": {"nullable": True, "description": "a string, or for code an integer (null: none)"},
+    "requests": {"type": "integer"}, "total_ms": {"type": "number"}, "p50_ms": _MS,
+    "p95_ms": _MS, "max_ms": _MS,
+    "errors": {"type": "integer", "description": "requests that answered 400 or more"}}}
 
 
+@extend_schema(
+    parameters=[*FILTERED, _BY, OpenApiParameter("limit", int, description="at most 10,000; "
+                                                                              "default 1000")],
+    responses=OpenApiResponse({"type": "object", "properties": {
+        "by": {"type": "string"}, "results": {"type": "array", "items": _ROW},
+        "keys": {"type": "integer"}, "requests": {"type": "integer"},
+        "next": {"type": "string", "nullable": True}}},
+        "request time per key, most total time first"))
 @api_view(["GET"])
 def stats_api(request, incident_pk: int):
     """Request time of the incident's requests (kind audit) that match the events filters,
@@ -40,6 +57,17 @@ def stats_api(request, incident_pk: int):
     return HttpResponse(body, content_type="application/json")
 
 
+@extend_schema(
+    parameters=[*FILTERED, _BY,
+                OpenApiParameter("top", int, description="keys drawn, at most 50; default 8"),
+                OpenApiParameter("bins", int, description="at most 1000; default 120")],
+    responses=OpenApiResponse({"type": "object", "properties": {
+        "by": {"type": "string"}, "start": {"type": "string", "nullable": True},
+        "width_ms": {"type": "number", "nullable": True}, "bins": {"type": "integer"},
+        "series": {"type": "array", "items": {"type": "object", "properties": {
+            "key": {"nullable": True}, "requests": {"type": "integer"},
+            "mean": {"type": "array", "items": {"type": "number"}}}}}}},
+        "mean requests in flight per time bin, per key"))
 @api_view(["GET"])
 def inflight_api(request, incident_pk: int):
     """Requests in flight over time, per ``by`` key, of the requests matching the filters:

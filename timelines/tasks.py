@@ -47,6 +47,10 @@ def ingest_upload_task(self, upload_id: int) -> None:
         if self.request.retries >= self.max_retries:
             fail_upload(upload_id, f"database unavailable after {self.max_retries} retries: {exc}")
         raise
+    except Exception as exc:  # anything else is not transient: the upload's outcome, not a retry
+        log.exception("ingest of upload %s failed", upload_id)
+        fail_upload(upload_id, f"ingest failed: {_reason(exc)}")
+        return
     if upload is not None and upload.finished:
         warm_overview_task.delay(upload.incident_id)
 
@@ -72,6 +76,14 @@ def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
     settle_years(incident_id)
     warm_overview(incident_id, cache_figures=cache_figures)
     insights.refresh_after_ingest(incident_id)
+
+
+def _reason(exc: Exception) -> str:
+    """What went wrong, for the user: an OS error's own words (``No space left on device``)
+    without the server's paths, else the exception."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _spawn(upload_ids: list[int]) -> None:

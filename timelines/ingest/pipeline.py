@@ -146,7 +146,7 @@ def fail_upload(upload_id: int, message: str) -> None:
     upload = Upload.objects.filter(pk=upload_id).first()
     if not changed or upload is None:
         return
-    if upload.format == "bundle":
+    if upload.parent_id is None:  # a bundle's, also one that failed before it was known as one
         remove_work_dir(upload)
     if upload.path_is_copy and upload.path:
         Path(upload.path).unlink(missing_ok=True)

@@ -24,6 +24,7 @@ with ``GET /api/v1/events/{id}/diff/?against={previous}``.
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -75,17 +76,22 @@ def object_of(event: Event) -> ObjectKey | None:
     return ObjectKey(event.resource, event.namespace, event.name)
 
 
-def history_events(events: QuerySet, key: ObjectKey) -> QuerySet:
+def history_events(events: QuerySet, key: ObjectKey, *, text: bool = True) -> list[QuerySet]:
     """The events of ``events`` (one incident's, already filtered) that the module docstring's
-    rule may count as about ``key``, in time order. Log lines and traces are a superset here
-    (a substring match in the database): ``mentions`` keeps the exact ones."""
-    on_object = Q(kind__in=[Event.Kind.AUDIT, Event.Kind.EVENT], resource=key.resource,
-                  namespace=key.namespace, name=key.name)
-    needle = f"{key.namespace}/{key.name}" if key.namespace else f'"{key.name}"'
-    in_text = Q(kind__in=[Event.Kind.LOG, Event.Kind.TRACE], message__contains=needle)
-    for path in key.paths():
-        in_text |= Q(kind=Event.Kind.TRACE, request_uri__contains=path)
-    return events.filter(on_object | in_text).order_by("received", "id")
+    rule may count as about ``key``, as querysets in time order: the requests and Events on the
+    object (the ``event_object`` index finds them), and with ``text`` the log lines and traces
+    that may name it (a substring match over their text: ``mentions`` keeps the exact ones).
+    Two queries, not one with OR, which would read every event of the incident."""
+    on_object = events.filter(kind__in=[Event.Kind.AUDIT, Event.Kind.EVENT],
+                              resource=key.resource, namespace=key.namespace, name=key.name)
+    found = [on_object.order_by("received", "id")]
+    if text:
+        needle = f"{key.namespace}/{key.name}" if key.namespace else f'"{key.name}"'
+        in_text = Q(kind__in=[Event.Kind.LOG, Event.Kind.TRACE], message__contains=needle)
+        for path in key.paths():
+            in_text |= Q(kind=Event.Kind.TRACE, request_uri__contains=path)
+        found.append(events.filter(in_text).order_by("received", "id"))
+    return found
 
 
 def mentions(key: ObjectKey, kind: str, message: str, request_uri: str) -> bool:
@@ -100,15 +106,21 @@ def mentions(key: ObjectKey, kind: str, message: str, request_uri: str) -> bool:
     return False
 
 
-def object_history(events: QuerySet, key: ObjectKey, *, limit: int = MAX_EVENTS) -> dict:
+def object_history(events: QuerySet, key: ObjectKey, *, limit: int = MAX_EVENTS,
+                   text: bool = True) -> dict:
     """The history of ``key`` among ``events``: ``{"object", "events", "versions",
     "truncated"}``. Each event is a dict of ``FIELDS`` (``user`` for ``username``, times in RFC
     3339) plus ``version`` (whether it holds an object version), ``version_note`` (why not, for a
     request that holds none) and ``previous_version`` (the id of the last event before it that
-    holds one, for a version; else null). The first ``limit`` events in time order."""
+    holds one, for a version; else null). The first ``limit`` events in time order. ``text``:
+    look for log lines and traces too (an incident of requests only has none)."""
     rows = []
     truncated = False
-    for row in history_events(events, key).values(*FIELDS).iterator(chunk_size=1000):
+    on_object, *in_text = history_events(events, key, text=text)
+    # the candidates in text are read as they come: many may not name the object after all
+    found = [on_object.values(*FIELDS)[:limit + 1],
+             *(queryset.values(*FIELDS).iterator(chunk_size=500) for queryset in in_text)]
+    for row in heapq.merge(*found, key=lambda row: (row["received"], row["id"])):
         if not mentions(key, row["kind"], row["message"], row["request_uri"]):
             continue
         if len(rows) == limit:

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from incidents.access import get_visible_incident
 
+from ..aggregate import requests_only
 from ..models import Event
 from ..queries import BadQuery
 from . import filtered
@@ -63,7 +64,7 @@ def history_api(request, incident_pk: int):
         events = filtered(incident, params)
     except BadQuery as exc:
         raise ValidationError(exc.errors) from None
-    return Response(object_history(events, key))
+    return Response(object_history(events, key, text=not requests_only(incident.pk)))
 
 
 @login_required

@@ -197,3 +197,16 @@ def test_the_history_page_lists_the_object_and_shows_a_diff(open_page, owner, in
                               "href")
     assert link.startswith(f"/incidents/{incident.pk}/?") and f"event={last['id']}" in link
     assert page.get_attribute("#link-history", "href").endswith(f"?event={last['id']}")
+
+
+def test_a_long_history_is_cut_and_says_so(incident, falco):
+    from timelines.analysis.history import ObjectKey, object_history
+
+    mine = [r["id"] for r in falco if r["resource"] == "clusterroles"
+            and r["name"] == "some-reader"]
+    events = Event.objects.filter(incident=incident)
+    key = ObjectKey("clusterroles", "", "some-reader")
+    cut = object_history(events, key, limit=len(mine) - 1)
+    assert [e["id"] for e in cut["events"]] == mine[:-1] and cut["truncated"]
+    whole = object_history(events, key, limit=len(mine))
+    assert [e["id"] for e in whole["events"]] == mine and not whole["truncated"]

@@ -43,6 +43,7 @@ def ingest_upload_task(self, upload_id: int) -> None:
     except SoftTimeLimitExceeded:
         fail_upload(upload_id, f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
                                "and was stopped; the events stored so far are kept")
+        return
     except TRANSIENT as exc:
         if self.request.retries >= self.max_retries:
             fail_upload(upload_id, f"database unavailable after {self.max_retries} retries: {exc}")

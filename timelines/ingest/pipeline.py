@@ -18,8 +18,15 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import psycopg
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+)
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -117,6 +124,13 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
                 pk=upload_id).exists():
             _abandon(upload, exc)
             return None
+        if is_data_error(exc):
+            # What the database refused of this file will be refused again: an outcome, not a
+            # retry (the events stored before it are kept).
+            log.warning("upload %s: the database refused its data: %s", upload_id, exc)
+            fail_upload(upload_id, f"{upload.name}: the database refused its data: "
+                                   f"{type(exc).__name__}: {exc}".strip())
+            return Upload.objects.filter(pk=upload_id).first()
         # Leave the row claimable by the retry (same claimant) and let the caller decide.
         Upload.objects.filter(pk=upload_id, claimed_by=claimant).update(heartbeat_at=None)
         raise
@@ -125,6 +139,30 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
 
 class UploadGone(Exception):
     """The upload's row was deleted while it was being ingested."""
+
+
+# Errors of the connection, not of what was sent: another try may succeed. psycopg's own are
+# listed too: a COPY goes to psycopg directly, and its errors are not Django's.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError,
+                    psycopg.InterfaceError)
+# SQLSTATE classes of the server's passing troubles: connection (08), transaction rollback
+# (40: deadlock, serialization), insufficient resources (53: disk full, too many connections),
+# object not in prerequisite state (55: a lock not available), operator intervention (57:
+# shutdown, cancel), system error (58). psycopg calls some other classes OperationalError too
+# (54, program limit exceeded: a value too long for an index), which no retry would change.
+_TRANSIENT_SQLSTATE_CLASSES = {"08", "40", "53", "55", "57", "58"}
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """Whether the database refused what was sent (a value it cannot hold or index, a
+    constraint), which sending it again would not change."""
+    if not isinstance(exc, DatabaseError | psycopg.DatabaseError):
+        return False
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate:
+        return sqlstate[:2] not in _TRANSIENT_SQLSTATE_CLASSES
+    return not isinstance(exc, TRANSIENT_ERRORS)
 
 
 def _abandon(upload: Upload, exc: Exception) -> None:
@@ -151,6 +189,8 @@ def fail_upload(upload_id: int, message: str) -> None:
     if upload.path_is_copy and upload.path:
         Path(upload.path).unlink(missing_ok=True)
         Upload.objects.filter(pk=upload_id).update(path="")
+    if upload.parent_id is not None:  # its bundle may have been waiting for it alone
+        finish_bundle(upload.parent_id)
 
 
 # --- one run -----------------------------------------------------------------------------------

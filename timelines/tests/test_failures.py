@@ -209,3 +209,60 @@ def test_a_gzip_cut_before_its_first_line_is_an_outcome_that_says_so(tmp_path, i
     assert upload.status in (Upload.Status.FAILED, Upload.Status.SKIPPED)
     assert "gzip" in upload.message
     assert not Event.objects.filter(incident=incident).exists()
+
+
+# --- 3/4. every database error of an upload is an outcome -------------------------------------
+
+def _unindexable_log(tmp_path: Path, python_path: bool) -> Path:
+    """The demo log with one auditID longer than a btree index entry can be (PostgreSQL refuses
+    it: program limit exceeded); random, so that compression does not shrink it."""
+    lines = DEMO.read_text().splitlines()
+    event = json.loads(lines[-1])
+    event["auditID"] = os.urandom(6000).hex()
+    line = json.dumps(event)
+    if python_path:  # an escaped auditID: the C scanner leaves the line to Python
+        line = line.replace(f'"{event["auditID"]}"', '"\\u0061' + event["auditID"][1:] + '"')
+    path = tmp_path / "audit.log"
+    path.write_text("\n".join([*lines[:-1], line]) + "\n")
+    return path
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("python_path", [False, True], ids=["c-scanner", "python"])
+def test_a_value_the_database_refuses_fails_the_upload_with_a_message(
+        python_path, tmp_path, task_queue):
+    from timelines.ingest import create_local_upload
+    from timelines.tasks import ingest_upload_task
+
+    incident = Incident.objects.create(title="refused")
+    upload = create_local_upload(incident, _unindexable_log(tmp_path, python_path))
+
+    result = ingest_upload_task.apply(args=[upload.pk])
+
+    assert result.successful(), result.traceback
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.FAILED
+    assert "the database refused its data" in upload.message
+    assert upload.finished_at is not None
+
+
+@pytest.mark.django_db
+def test_the_soft_time_limit_fails_the_upload_and_the_task_ends(monkeypatch, task_queue):
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from timelines.ingest import create_local_upload, pipeline
+    from timelines.tasks import ingest_upload_task
+
+    def out_of_time(self, bytes_read, rows):  # as Celery raises it: wherever the parser is
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(pipeline._Progress, "parsed", out_of_time)
+    incident = Incident.objects.create(title="slow")
+    upload = create_local_upload(incident, DEMO)
+
+    result = ingest_upload_task.apply(args=[upload.pk])
+
+    assert result.successful(), result.traceback
+    upload.refresh_from_db()
+    assert upload.status == Upload.Status.FAILED
+    assert "took longer than" in upload.message

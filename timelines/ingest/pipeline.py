@@ -361,10 +361,8 @@ class _BatchWriter:
                 continue
 
     def finish(self) -> None:
-        if not self.threaded:
-            return
-        self.queue.put(None)
-        self.thread.join()
+        """Write what is queued, end the thread, and raise its error if it had one."""
+        self._end()
         if self.error is not None:
             raise self.error
 
@@ -372,16 +370,22 @@ class _BatchWriter:
         """Stop after the batch being written, dropping those queued (the run failed; a retry
         writes them again), and wait for the thread to end: none outlives its run, holding a
         connection, waiting for a batch that never comes."""
+        self.stopped = True
+        self._end()
+
+    def _end(self) -> None:
+        """Give the thread its stop marker, however full the queue, and wait for it to end. A
+        thread that ended already (or never started) takes no marker: nothing would take it."""
         if not self.threaded:
             return
-        self.stopped = True
         while self.thread.is_alive():
             try:
                 self.queue.put(None, timeout=0.5)
                 break
             except queue.Full:  # the thread is busy with a batch; it will take the next
                 continue
-        self.thread.join()
+        if self.thread.ident is not None:
+            self.thread.join()
 
     def note_replaced(self, report: Report) -> None:
         """Say on the upload how many values held a NUL, which the store cannot hold."""

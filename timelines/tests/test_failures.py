@@ -13,6 +13,8 @@ import io
 import json
 import os
 import tarfile
+import threading
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -266,3 +268,99 @@ def test_the_soft_time_limit_fails_the_upload_and_the_task_ends(monkeypatch, tas
     upload.refresh_from_db()
     assert upload.status == Upload.Status.FAILED
     assert "took longer than" in upload.message
+
+
+# --- 5. every writer thread ends --------------------------------------------------------------
+
+def _backend_gone(pid: int, seconds: float = 5.0) -> bool:
+    from django.db import connection
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cursor.fetchone()[0] == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+class _SlowWrites:
+    """Stands in for the writer's batch write: opens the thread's connection (a real query),
+    then waits to be released, or fails."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.written: list = []
+        self.pid: int | None = None
+
+    def __call__(self, batch) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            self.pid = cursor.fetchone()[0]
+        self.written.append(batch)
+        self.started.set()
+        self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("the batch failed")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fail", [False, True], ids=["abandoned", "failing"])
+def test_abandon_ends_the_writer_thread_with_a_full_queue_and_releases_its_connection(fail):
+    from timelines.ingest.pipeline import _BatchWriter
+
+    incident = Incident.objects.create(title="writer")
+    writer = _BatchWriter(incident.pk, None, threaded=True)
+    writes = _SlowWrites(fail=fail)
+    writer._write = writes
+    writer.start()
+    writer.put(["first"])
+    assert writes.started.wait(5)
+    writer.put(["second"])
+    assert writer.queue.full()  # the case where a stop marker could not be queued
+    threading.Timer(0.3, writes.release.set).start()
+
+    started = time.monotonic()
+    writer.abandon()
+
+    assert not writer.thread.is_alive()
+    assert time.monotonic() - started < 5
+    assert writes.written == [["first"]]  # what was queued is dropped
+    assert _backend_gone(writes.pid)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_finish_raises_the_writer_error_and_the_thread_has_ended():
+    from timelines.ingest.pipeline import _BatchWriter
+
+    incident = Incident.objects.create(title="writer")
+    writer = _BatchWriter(incident.pk, None, threaded=True)
+    writes = _SlowWrites(fail=True)
+    writer._write = writes
+    writer.start()
+    writer.put(["first"])
+    assert writes.started.wait(5)
+    writer.put(["second"])
+    writes.release.set()
+
+    with pytest.raises(RuntimeError, match="the batch failed"):
+        writer.finish()
+
+    assert not writer.thread.is_alive()
+    assert _backend_gone(writes.pid)
+
+
+def test_a_writer_that_never_started_ends_at_once():
+    from timelines.ingest.pipeline import _BatchWriter
+
+    writer = _BatchWriter(1, None, threaded=True)
+
+    writer.abandon()
+    writer.finish()
+
+    assert not writer.thread.is_alive()

@@ -43,6 +43,11 @@
     return el("td", attrs || {}, value === null || value === undefined ? "" : value);
   }
 
+  // "2024-03-01 10:00:00.250": to the millisecond, as the durations
+  function time(iso) {
+    return shortTime(iso).replace(/(\.\d{3})\d*$/, "$1");
+  }
+
   function duration(ms) {
     return ms === null || ms === undefined ? "" : formatDuration(ms);
   }
@@ -64,18 +69,20 @@
         el("td", {}, el("a", {href: timelineUrl(run, pod), title: pod.uid || ""}, pod.name),
            several ? el("span", {class: "hint"}, " #" + run.id) : null),
         cell(pod.node),
-        ...TIMES.map((name) => cell(shortTime(pod[name]), {title: sources[name] || ""})),
         ...PHASES.map(([name]) => cell(duration(pod[name]), {class: "num"})),
         cell(pod.restarts, {class: "num"}),
-        cell(pod.warnings || "", {class: "num"}));
+        cell(pod.warnings || "", {class: "num"}),
+        ...TIMES.map((name) => cell(time(pod[name]), {title: sources[name] || ""})));
     }));
     if (!sorted.length) {
       tbody.append(el("tr", {}, el("td", {colspan: 15, class: "empty"},
                                    "No pod in the evidence under these filters.")));
     }
     for (const th of document.querySelectorAll("#pods-table th[data-sort]")) {
-      th.setAttribute("aria-sort", th.dataset.sort === sortKey ?
-        (sortDown ? "descending" : "ascending") : "none");
+      const sorted = th.dataset.sort === sortKey;
+      th.setAttribute("aria-sort", sorted ? (sortDown ? "descending" : "ascending") : "none");
+      th.dataset.label = th.dataset.label || th.textContent;
+      th.textContent = th.dataset.label + (sorted ? (sortDown ? " ▼" : " ▲") : "");
     }
   }
 

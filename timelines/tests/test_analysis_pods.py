@@ -352,6 +352,28 @@ def test_requests_and_status_writes_give_every_phase(api, incident, ingest_file,
     assert answer[0]["sources"]["finished"] == "status containerStatuses"
 
 
+@pytest.mark.embedded
+def test_the_embedded_default_gives_the_same_phases(api, incident, ingest_file, tmp_path,
+                                                     fixtures_dir):
+    """SQLite and in-process caching: requests, status writes and Events together."""
+    log: list = []
+    want = _lifecycle(log, "web-7d9f8-abcde", "uid-1", T0)
+    _write_log(tmp_path / "audit.log", log)
+    assert ingest_file(incident, tmp_path / "audit.log").status == "done"
+    kspan = fixtures_dir / "events" / "kspan-deployment-2-pods.yaml"
+    assert ingest_file(incident, kspan).status == "done"
+    expected = _expected_from_events(_event_objects(yaml.safe_load_all(kspan.read_text())))
+
+    answer = _by_life(api(_url(incident.pk)).json())
+
+    assert answer == _by_life(api(_url(incident.pk)).json())  # the cached answer
+    assert len(answer) == 1 + len(expected)
+    pod = answer[("shop", "web-7d9f8-abcde", "uid-1")]
+    for field in pods.FIELDS:
+        assert _answer_time(pod[field]) == want[field], field
+    _assert_matches([p for p in answer.values() if p["namespace"] != "shop"], expected)
+
+
 def test_the_falco_pod_creates_are_named_from_their_stored_objects(api, incident, ingest_file,
                                                                    fixtures_dir):
     expected = {}
@@ -511,3 +533,53 @@ def test_a_whole_second_a_little_before_its_start_is_no_negative_duration():
     assert p.as_json()["scheduled_to_started_ms"] is None
     assert pods.duration_ms(p.times["created"], p.times["started"]) == 0
     assert pods.duration_ms(q.times["created"], q.times["scheduled"]) == -2400.0
+
+
+# --- the page in a browser --------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_lists_the_pods_and_draws_their_phases_for_two_runs(
+        open_page, owner, team, incident, ingest_file, fixtures_dir, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    log: list = []
+    for n in range(6):
+        _lifecycle(log, f"web-7d9f8-pod{n:02d}", f"uid-{n}", T0 + timedelta(seconds=7 * n))
+    _write_log(tmp_path / "audit.log", log)
+    assert ingest_file(incident, tmp_path / "audit.log").status == "done"
+    other = Incident.objects.create(title="the rollout run", team=team, created_by=owner)
+    kspan = fixtures_dir / "events" / "kspan-deployment-2-pods.yaml"
+    assert ingest_file(other, kspan).status == "done"
+    rollout = _expected_from_events(_event_objects(yaml.safe_load_all(kspan.read_text())))
+    expected_rows = 6 + len(rollout)
+    # each pod's durations whose two ends the evidence gives: every one for the audit pods
+    expected_points = 6 * len(pods.PHASES) + sum(
+        1 for pod in rollout.values() for _, start, end in pods.PHASES
+        if pod.get(start) and pod.get(end))
+
+    page = open_page(owner, f"/incidents/{incident.pk}/pods/?with={other.pk}")
+    page.wait_for_function("document.getElementById('pods').dataset.ready === '1'")
+
+    rows = page.locator("#pods-table tbody tr")
+    assert rows.count() == expected_rows
+    link = page.locator("#pods-table tbody tr a", has_text="web-7d9f8-pod03")
+    assert link.get_attribute("href") == (
+        f"/incidents/{incident.pk}/?resource=pods&namespace=shop&name=web-7d9f8-pod03#timeline")
+    row = page.locator("#pods-table tbody tr", has=page.locator("a", has_text="web-7d9f8-pod03"))
+    assert row.locator("td").nth(3).inner_text() == "40 ms"  # created → scheduled: the binding
+    assert row.locator("td").nth(5).inner_text() == "2 s"  # started → ready
+    # sorting by a column orders the rows by it
+    page.click("#pods-table th[data-sort='name']")
+    names = page.locator("#pods-table tbody tr td:nth-child(2) a").all_inner_texts()
+    assert names == sorted(names)
+    # two incidents: one box trace each, every pod's durations as points
+    assert page.locator("#pods-plot .boxlayer .trace.boxes").count() == 2
+    points = page.locator("#pods-plot .boxlayer .points path.point").count()
+    assert points == expected_points
+    # drawn: the first run's colour is on the plot's pixels
+    picture = tmp_path / "plot.png"
+    page.locator("#pods-plot").screenshot(path=str(picture))
+    pixels = np.asarray(Image.open(picture).convert("RGB"), dtype=np.int16)
+    near = (np.abs(pixels - np.array([0x2f, 0x5b, 0xd3])) < 30).all(axis=2)
+    assert near.sum() > 200

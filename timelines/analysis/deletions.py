@@ -5,7 +5,9 @@ created again under a name deleted earlier."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.db.models import (
@@ -48,13 +50,14 @@ GC_WINDOW = timedelta(minutes=10)  # an owner deletion this far back may explain
 MAX_NAMESPACES = 20
 
 
-def find(events: QuerySet) -> list[dict]:
-    """The deletion and recreated-object insights of ``events`` (one incident's)."""
-    return [*namespace_insights(namespace_rows(events)),
-            *garbage_insights(*garbage_rows(events)),
-            *finalizer_insights(finalizer_rows(events)),
-            *deletion_group_insights(deletion_groups(events)),
-            *recreated_insights(*recreated_rows(events))]
+def steps(events: QuerySet) -> list[tuple[str, Callable[[], list[dict]]]]:
+    """(name, the function finding them) for the deletion and recreated-object insights of
+    ``events`` (one incident's)."""
+    return [("namespaces", lambda: namespace_insights(namespace_rows(events))),
+            ("garbage collector", lambda: garbage_insights(*garbage_rows(events))),
+            ("finalizers", lambda: finalizer_insights(finalizer_rows(events))),
+            ("by actor", lambda: deletion_group_insights(deletion_groups(events))),
+            ("recreated-object", lambda: recreated_insights(*recreated_rows(events)))]
 
 
 # --- deletion -------------------------------------------------------------------------------------
@@ -233,6 +236,10 @@ def link_garbage(collected: list[dict], owners: list[dict],
     by_name = {(o["resource"], o["namespace"], o["name"]): o for o in owners}
     gc_by_uid = {g["object_uid"]: g for g in collected if g["object_uid"]}
     gc_by_name = {(g["resource"], g["namespace"], g["name"]): g for g in collected}
+    grouped = defaultdict(list)
+    for row in owners:
+        grouped[row["namespace"]].append(row)
+    in_namespace = {ns: ([r["received"] for r in rows], rows) for ns, rows in grouped.items()}
     parent: dict[int, tuple[dict, str]] = {}
     for gc in collected:
         reference = references.get(gc["id"])
@@ -245,9 +252,10 @@ def link_garbage(collected: list[dict], owners: list[dict],
                      or gc_by_name.get(key))
             how = "ownerReferences"
         if owner is None:
-            earlier = [o for o in owners if o["namespace"] == gc["namespace"]
-                       and gc["received"] - GC_WINDOW <= o["received"] <= gc["received"]]
-            owner = earlier[-1] if earlier else None
+            times, rows = in_namespace.get(gc["namespace"], ((), ()))
+            at = bisect_right(times, gc["received"])  # owners are in time order
+            if at and gc["received"] - rows[at - 1]["received"] <= GC_WINDOW:
+                owner = rows[at - 1]
             how = "time and namespace"
         if owner is not None and owner["id"] != gc["id"] and owner["received"] <= gc["received"]:
             parent[gc["id"]] = (owner, how)

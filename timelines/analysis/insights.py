@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 import orjson
@@ -493,23 +493,38 @@ def coverage_insights(rows: list[tuple[str, str, str, bool, int]]) -> list[dict]
 
 # --- all of them --------------------------------------------------------------------------------
 
-def compute(incident_id: int, *, slow_ms: float = SLOW_MS) -> list[dict]:
-    """Every insight of the incident, the most severe first (kinds in KINDS order within a
-    severity), each with its ``id``: its position in this list."""
+def steps(events: QuerySet, slow_ms: float = SLOW_MS) -> list[tuple[str, Callable[[], list]]]:
+    """(name, the function finding those insights) for every part of the computation."""
     from . import deletions  # which uses the helpers above
 
-    events = Event.objects.filter(incident_id=incident_id)
-    found = etcd_list_insights(etcd_list_rows(events))
-    found += slow_insights(*slow_rows(events, slow_ms), threshold_ms=slow_ms)
-    found += deletions.find(events)
-    found += burst_insights(burst_details(events, find_bursts(*error_minutes(events))))
-    found += writer_insights(writer_rows(events))
-    found += coverage_insights(coverage_rows(events))
+    return [
+        ("list-without-resource-version", lambda: etcd_list_insights(etcd_list_rows(events))),
+        ("slow-request", lambda: slow_insights(*slow_rows(events, slow_ms),
+                                               threshold_ms=slow_ms)),
+        *((name if name == "recreated-object" else "deletion: " + name, step)
+          for name, step in deletions.steps(events)),
+        ("error-burst", lambda: burst_insights(
+            burst_details(events, find_bursts(*error_minutes(events))))),
+        ("conflicting-writers", lambda: writer_insights(writer_rows(events))),
+        ("audit-coverage", lambda: coverage_insights(coverage_rows(events))),
+    ]
+
+
+def compute(incident_id: int, *, slow_ms: float = SLOW_MS,
+            timings: dict[str, float] | None = None) -> list[dict]:
+    """Every insight of the incident, the most severe first (kinds in KINDS order within a
+    severity), each with its ``id``: its position in this list. ``timings``, when given, gets
+    the seconds each step took."""
+    found = []
+    for name, step in steps(Event.objects.filter(incident_id=incident_id), slow_ms):
+        started = time.perf_counter()
+        found += step()
+        if timings is not None:
+            timings[name] = time.perf_counter() - started
     found.sort(key=lambda i: (SEVERITIES.index(i["severity"]), KINDS.index(i["kind"])))
     for number, item in enumerate(found):
         item["id"] = number
     return found
-
 
 
 # --- stored once per data version ---------------------------------------------------------------

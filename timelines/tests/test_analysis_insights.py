@@ -507,3 +507,44 @@ def test_start_a_sequence_from_the_panel_opens_it_on_the_timeline(open_page, own
     assert page.eval_on_selector_all("#sequence-steps li.step", "items => items.map("
                                      "i => Number(i.dataset.event))") == recreated["events"]
     assert sequence.title == recreated["title"]
+
+
+# --- pure functions -----------------------------------------------------------------------------
+
+def test_a_burst_must_stand_out_from_the_incident_s_mean_rate():
+    first, last = T0, T0 + timedelta(hours=1)
+    steady = [("server", T0 + timedelta(minutes=m), 12) for m in range(60)]
+    assert insights.find_bursts(steady, first, last) == []  # 12 a minute all hour long
+    spike = [*steady[:30], ("server", T0 + timedelta(minutes=30), 400),
+             ("server", T0 + timedelta(minutes=31), 300), *steady[32:]]
+    [burst] = insights.find_bursts(spike, first, last)
+    assert (burst["start"], burst["end"], burst["count"]) == (
+        T0 + timedelta(minutes=30), T0 + timedelta(minutes=32), 700)
+
+
+def test_a_trace_naming_the_audit_id_wins_over_a_nearer_one():
+    request_row = {"audit_id": "abc", "received": T0, "verb": "patch", "duration_ms": 2000,
+                   "request_uri": "/api/v1/namespaces/a/pods/b", "user_agent": "x"}
+    near = {"id": 1, "annotations": {}, "received": T0, "verb": "patch", "duration_ms": 2000,
+            "request_uri": "/api/v1/namespaces/a/pods/b", "user_agent": "x"}
+    named = {**near, "id": 2, "annotations": {"audit-id": "abc"},
+             "received": T0 + timedelta(seconds=5)}
+    other_path = {**near, "id": 3, "request_uri": "/api/v1/namespaces/a/pods/c"}
+    assert insights.match_trace(request_row, [near, named])["id"] == 2
+    assert insights.match_trace(request_row, [other_path, near])["id"] == 1
+    assert insights.match_trace(request_row, [other_path]) is None
+
+
+@pytest.mark.parametrize(("request_object", "response", "emptied"), [
+    ({"metadata": {"finalizers": []}}, None, True),
+    ({"metadata": {"finalizers": None}}, None, True),
+    ([{"op": "remove", "path": "/metadata/finalizers"}], None, True),
+    ([{"op": "replace", "path": "/metadata/finalizers", "value": []}], None, True),
+    ({"metadata": {"finalizers": ["a"]}}, {"metadata": {"finalizers": ["a"]}}, False),
+    ({"metadata": {"labels": {"x": "y"}}}, {"metadata": {}}, False),
+])
+def test_what_counts_as_emptying_the_finalizers(request_object, response, emptied):
+    from timelines.analysis.deletions import empties_finalizers
+
+    body = {"requestObject": request_object, "responseObject": response}
+    assert empties_finalizers(body) is emptied

@@ -11,9 +11,11 @@ from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 
+from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident
 from incidents.models import Incident
 
@@ -110,6 +112,38 @@ def _in_batches(run: Run, queryset, size: int = 500):
         after = (_moment(rows[-1].received), rows[-1].id)
 
 
+_SIDE = {"type": "object", "nullable": True, "properties": {
+    "event": {"type": "integer"}, "offset_ms": {"type": "number"},
+    "code": {"type": "integer", "nullable": True},
+    "duration_ms": {"type": "number", "nullable": True}}}
+_STEP = {"type": "object", "properties": {
+    **{name: {"type": "string"} for name in ("user", "verb", "resource", "namespace", "name",
+                                              "subresource")},
+    "a": _SIDE, "b": _SIDE, "delta_ms": {"type": "number", "nullable": True}}}
+
+
+@extend_schema(
+    parameters=[*FILTERED,
+                OpenApiParameter("against", int, required=True,
+                                 description="the incident to compare with (run b)"),
+                OpenApiParameter("anchor_a", int, description="an event of run a; with anchor_b"),
+                OpenApiParameter("anchor_b", int, description="an event of run b; with anchor_a"),
+                OpenApiParameter("figures", bool, description="add each run's Gantt")],
+    responses=OpenApiResponse({"type": "object", "properties": {
+        "anchor": {"type": "object", "properties": {
+            "a": {"type": "integer"}, "b": {"type": "integer"},
+            "rule": {"type": "string", "enum": ["given", "first-shared-create",
+                                                "first-request"]},
+            "a_received": {"type": "string"}, "b_received": {"type": "string"}}},
+        "steps": {"type": "array", "items": _STEP},
+        "summary": {"type": "object", "properties": {
+            "both": {"type": "integer"}, "only_a": {"type": "integer"},
+            "only_b": {"type": "integer"}}},
+        "truncated": {"type": "object", "properties": {
+            "a": {"type": "boolean"}, "b": {"type": "boolean"}}},
+        "max_steps": {"type": "integer"},
+        "figures": {"type": "object", "description": "with figures=1: a, b (Plotly) and range"},
+    }}, "the two runs' steps, matched"))
 @api_view(["GET"])
 def compare_api(request, incident_pk: int):
     """Run against run (``timelines.analysis.compare``): this incident (run a) and ``against``

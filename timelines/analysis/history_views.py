@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident
 
 from ..aggregate import requests_only
@@ -46,6 +48,33 @@ def object_key(incident, params) -> ObjectKey:
     return ObjectKey(resource, params.get("namespace", ""), name)
 
 
+_EVENT = {"type": "object", "properties": {
+    "id": {"type": "integer"}, "kind": {"type": "string"}, "received": {"type": "string"},
+    "completed": {"type": "string", "nullable": True},
+    "duration_ms": {"type": "number", "nullable": True}, "verb": {"type": "string"},
+    "user": {"type": "string"}, "code": {"type": "integer", "nullable": True},
+    "subresource": {"type": "string"}, "level": {"type": "string"},
+    "reason": {"type": "string"}, "message": {"type": "string"}, "source": {"type": "string"},
+    "line": {"type": "integer"}, "component": {"type": "string"},
+    "version": {"type": "boolean", "description": "it holds a version of the object"},
+    "version_note": {"type": "string", "nullable": True,
+                     "description": "why a request holds no version"},
+    "previous_version": {"type": "integer", "nullable": True,
+                         "description": "the version before it, to diff against"}}}
+
+
+@extend_schema(
+    parameters=[*FILTERED,
+                OpenApiParameter("event", int, description="the object of this event"),
+                OpenApiParameter("resource", str, description="with name, instead of event"),
+                OpenApiParameter("namespace", str, description="empty: cluster-scoped"),
+                OpenApiParameter("name", str)],
+    responses=OpenApiResponse({"type": "object", "properties": {
+        "object": {"type": "object", "properties": {
+            "resource": {"type": "string"}, "namespace": {"type": "string"},
+            "name": {"type": "string"}}},
+        "events": {"type": "array", "items": _EVENT}, "versions": {"type": "integer"},
+        "truncated": {"type": "boolean"}}}, "the object's events in time order"))
 @api_view(["GET"])
 def history_api(request, incident_pk: int):
     """Everything about one object of the incident, in time order (``timelines.analysis

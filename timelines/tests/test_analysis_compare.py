@@ -352,3 +352,16 @@ def test_a_large_answer_goes_gzipped_to_a_client_that_accepts_it(client, owner, 
     packed = client.get(url, {"against": b.pk, "figures": "1"}, HTTP_ACCEPT_ENCODING="gzip")
     assert packed["Content-Encoding"] == "gzip"
     assert json.loads(gzip.decompress(packed.content)) == plain.json()
+
+
+def test_the_page_offers_only_the_incidents_the_user_sees(client, owner, runs):
+    a, b = runs
+    hidden = Incident.objects.create(title="not theirs", team=None, created_by=owner)
+    client.force_login(owner)
+    page = client.get(f"/incidents/{a.pk}/compare/")
+    assert page.status_code == 200
+    offered = [other["pk"] for other in page.context["others"]]
+    assert offered == [b.pk]  # not a itself, not the hidden one
+    assert hidden.pk not in offered
+    chosen = client.get(f"/incidents/{a.pk}/compare/", {"against": b.pk})
+    assert f'<option value="{b.pk}" selected>' in chosen.content.decode()

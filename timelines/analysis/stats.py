@@ -76,19 +76,23 @@ def rank_of(p: float, n: int) -> int:
     return max(math.ceil(float(p) * float(n)), 1) - 1
 
 
-def _sorted_by_group(group: np.ndarray, duration: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(group, duration)`` sorted by group then duration. One ``np.sort`` of a combined
-    int64 key where group × duration range fits (about 70 ms for a million), else lexsort."""
-    if group.size == 0:
-        return group, duration
+# Up to this many keys, each key's percentiles are selected (``np.partition``, linear) from its
+# durations, grouped by a radix sort of the keys; beyond, one sort of every duration is quicker
+# than a selection per key. A million requests under 12 users: about 75 ms instead of 160.
+SELECT_KEYS = 2000
+
+
+def _grouped(group: np.ndarray, duration: np.ndarray, count: int) -> tuple[np.ndarray, bool]:
+    """``duration`` arranged by group (groups in order), and whether each group's durations are
+    sorted too."""
+    if count <= SELECT_KEYS:
+        # numpy sorts integers of 16 bits or less by radix when asked for a stable sort
+        return duration[np.argsort(group.astype(np.uint16), kind="stable")], False
     low, high = int(duration.min()), int(duration.max())
     span = high - low + 1
-    groups = int(group.max()) + 1
-    if groups * span < 2**62:
-        key = np.sort(group.astype(np.int64) * span + (duration - low))
-        return key // span, key % span + low
-    order = np.lexsort((duration, group))
-    return group[order], duration[order]
+    if count * span < 2**62:  # one sort of a combined key
+        return np.sort(group * span + (duration - low)) % span + low, True
+    return duration[np.lexsort((duration, group))], True
 
 
 def group_stats(group: np.ndarray, duration: np.ndarray, done: np.ndarray, failed: np.ndarray,
@@ -99,22 +103,27 @@ def group_stats(group: np.ndarray, duration: np.ndarray, done: np.ndarray, faile
     count = len(keys)
     requests = np.bincount(group, minlength=count)
     errors = np.bincount(group[failed], minlength=count)
-    by_group, lengths = _sorted_by_group(np.asarray(group[done], dtype=np.int64),
-                                         np.asarray(duration[done], dtype=np.int64))
-    completed = np.bincount(by_group, minlength=count)
+    finished = np.asarray(group[done], dtype=np.int64)
+    lengths, is_sorted = (_grouped(finished, np.asarray(duration[done], dtype=np.int64), count)
+                          if finished.size else (finished, True))
+    completed = np.bincount(finished, minlength=count)
     ends = np.cumsum(completed)
     starts = ends - completed
-    sums = np.concatenate(([0], np.cumsum(lengths)))  # int64: exact
     rows = []
     for g in np.flatnonzero(requests).tolist():
         n, start, end = int(completed[g]), int(starts[g]), int(ends[g])
-        row = {"key": keys[g], "requests": int(requests[g]),
-               "total_ms": int(sums[end] - sums[start]) / 1000}
+        row = {"key": keys[g], "requests": int(requests[g])}
         if n:
-            for p in PERCENTILES:
-                row[f"p{round(p * 100)}_ms"] = int(lengths[start + rank_of(p, n)]) / 1000
-            row["max_ms"] = int(lengths[end - 1]) / 1000
+            part = lengths[start:end]
+            row["total_ms"] = int(part.sum()) / 1000  # int64: exact
+            ranks = [rank_of(p, n) for p in PERCENTILES] + [n - 1]
+            if not is_sorted:
+                part = np.partition(part, sorted(set(ranks)))
+            for p, rank in zip(PERCENTILES, ranks, strict=False):
+                row[f"p{round(p * 100)}_ms"] = int(part[rank]) / 1000
+            row["max_ms"] = int(part[n - 1]) / 1000
         else:
+            row["total_ms"] = 0.0
             row.update({f"p{round(p * 100)}_ms": None for p in PERCENTILES}, max_ms=None)
         row["errors"] = int(errors[g])
         rows.append(row)

@@ -277,6 +277,25 @@ def test_answers_are_cached_until_the_evidence_changes(incident, client, owner):
     assert [r["key"] for r in get(client, incident, "by=user")["results"]] == ["bob"]
 
 
+@pytest.mark.parametrize("path", ["select", "sort", "lexsort"])
+def test_each_way_of_ranking_gives_the_nearest_rank_percentiles(monkeypatch, path):
+    """Few keys: a selection per key; many: one sort (of a combined key, or by lexsort when
+    the durations span too much to combine)."""
+    rng = np.random.default_rng(5)
+    group = rng.integers(0, 7, 4000)
+    duration = rng.integers(0, 50, 4000) * 1000  # many ties
+    if path == "lexsort":
+        duration[0] = 2**61
+    done = rng.random(4000) < 0.9
+    failed = rng.random(4000) < 0.1
+    if path != "select":
+        monkeypatch.setattr(stats, "SELECT_KEYS", 0)
+    keys = [f"k{g}" for g in range(7)]
+    requests = [{"key": keys[g], "us": int(d) if ok else None, "code": 500 if bad else 200}
+                for g, d, ok, bad in zip(group, duration, done, failed, strict=True)]
+    assert stats.group_stats(group, duration, done, failed, keys) == expected(requests, "key")
+
+
 # --- in flight ----------------------------------------------------------------------------------
 
 def test_in_flight_is_the_time_in_flight_in_each_bin_over_its_width():

@@ -210,3 +210,23 @@ def test_a_long_history_is_cut_and_says_so(incident, falco):
     assert [e["id"] for e in cut["events"]] == mine[:-1] and cut["truncated"]
     whole = object_history(events, key, limit=len(mine))
     assert [e["id"] for e in whole["events"]] == mine and not whole["truncated"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_incident_pages_event_details_open_the_object_history(open_page, owner, incident,
+                                                                   falco):
+    from hindsight.testing import wait_for_detail
+
+    mine = [r for r in falco if r["resource"] == "clusterroles" and r["name"] == "some-reader"]
+    event = mine[1]["id"]
+    page = open_page(owner, f"/incidents/{incident.pk}/?event={event}")
+    wait_for_detail(page, event)
+    page.click("#link-history")
+    page.wait_for_selector("#history-table tbody tr[data-event]")
+    assert page.url.endswith(f"/incidents/{incident.pk}/history/?event={event}")
+    assert page.eval_on_selector_all("#history-table tbody tr[data-event]",
+                                     "rows => rows.map(r => Number(r.dataset.event))") == [
+        r["id"] for r in mine]
+    # and back: the timeline link of a row selects that event on the incident page
+    page.click(f'#history-table tr[data-event="{mine[0]["id"]}"] a.timeline-link')
+    wait_for_detail(page, mine[0]["id"])

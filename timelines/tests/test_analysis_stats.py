@@ -231,6 +231,13 @@ def test_the_index_answers_as_the_database_does(indexed, by):
         totals.add(by_index["requests"])
         assert stats.inflight(incident, params, version=version) == \
             stats.inflight(incident, params, version=None), query
+        # PostgreSQL's rows (read in one pass, or one by one) ranked in Python: the same
+        queryset = facets.select(incident, params, version=None).queryset
+        for rows in (stats._postgres_rows(queryset, stats.BY[by]),
+                     stats._database_rows(queryset, stats.BY[by])):
+            group, _, duration, done, failed, keys = rows
+            assert stats.group_stats(group, duration, done, failed, keys) == \
+                by_database["results"], query
     assert len(totals) >= len(QUERIES) - 2  # the queries do select different requests
 
 
@@ -257,6 +264,7 @@ def test_the_api_answers_from_the_index_without_asking_the_database(indexed, cli
 
     monkeypatch.setattr(stats, "_postgres_stats", fail)
     monkeypatch.setattr(stats, "_database_rows", fail)
+    monkeypatch.setattr(stats, "_postgres_rows", fail)
     assert get(client, incident, "by=verb&user=alice") == by_database
     with pytest.raises(AssertionError, match="database was asked"):
         client.get(URL.format(incident.pk), {"by": "verb", "q": "healthz"})

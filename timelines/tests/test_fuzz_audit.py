@@ -9,12 +9,15 @@ line's request must come out, and only broken lines may be reported. See ``fuzzi
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import os
 import random
 from datetime import datetime, timedelta
 
 import orjson
+import pytest
 
 from timelines.parsers import InputError, Redactor, Report, audit, parse_audit
 from timelines.parsers.base import parse_time
@@ -33,7 +36,7 @@ from .fuzzing import (
     parse_all,
     rfc3339,
 )
-from .test_auditscan import assert_same
+from .test_auditscan import assert_same, lines, request
 
 
 def _fixture_events() -> list[dict]:
@@ -124,11 +127,36 @@ def mutated_log(rng: random.Random) -> tuple[bytes, int | None]:
     return data, rng.choice([None, None, 64, 700, 4096])
 
 
-def test_the_c_scanner_gives_the_rows_of_the_python_parser_on_every_input():
+def load_scanner(path: str):
+    """The C scanner built at ``path`` (by ``scripts/sanitize.sh``), as a module."""
+    spec = importlib.util.spec_from_file_location("_auditscan", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def scanner(monkeypatch):
+    """The C scanner under test: the one built by ``scripts/native.sh``, or the build named by
+    ``HINDSIGHT_AUDITSCAN`` (the sanitizers' build, see ``test_fuzz_sanitized``)."""
+    if os.environ.get("HINDSIGHT_AUDITSCAN"):
+        monkeypatch.setattr(audit, "_auditscan", load_scanner(os.environ["HINDSIGHT_AUDITSCAN"]))
+    assert audit._auditscan is not None, "the C scanner is not built (scripts/native.sh)"
+    return audit._auditscan
+
+
+def test_the_c_scanner_gives_the_rows_of_the_python_parser_on_every_input(scanner):
     """``test_auditscan.assert_same``: rows column by column, bodies, skip reasons and
     redaction counts, whatever the block size."""
-    assert audit._auditscan is not None, "the C scanner is not built (scripts/native.sh)"
     fuzz(lambda case: assert_same(case[0], block=case[1]), mutated_log)
+
+
+def test_the_c_scanner_decodes_a_uri_that_starts_with_an_escape(scanner):
+    """Found by UBSan on the fuzzed inputs: the first URI a scanner decoded, starting with an
+    escape, copied 0 bytes into a buffer not allocated yet (memcpy to NULL)."""
+    random.seed(31)
+    for uri in ("\\u0041", '"quoted"', "\u00e9x", "\\"):
+        assert assert_same(lines(*request(requestURI=uri))) == 1
 
 
 def test_arbitrary_bytes_are_skipped_or_refused_never_a_crash():

@@ -33,6 +33,7 @@ from .insights import (
     MAX_BODIES,
     MAX_EVENTS,
     MAX_GROUPS,
+    MAX_LISTED,
     STATUS_OK,
     count_of,
     insight,
@@ -102,7 +103,7 @@ def deletion_group_insights(groups: list[dict]) -> list[dict]:
             user=group["username"], resource=group["resource"], count=group["count"],
             deletes=[{"event": d["id"], "at": rfc3339(d["received"]), "verb": d["verb"],
                       "namespace": d["namespace"], "name": d["name"]}
-                     for d in group["deletes"]],
+                     for d in group["deletes"][:MAX_LISTED]],
             filters={"user": [group["username"]], "resource": [group["resource"]],
                      "verb": ["delete", "deletecollection"]}))
     return found
@@ -300,7 +301,7 @@ def garbage_insights(collected: list[dict], owners: list[dict],
             collected=[{"event": gc["id"], "resource": gc["resource"],
                         "namespace": gc["namespace"], "name": gc["name"],
                         "at": rfc3339(gc["received"]), "linked_by": how}
-                       for gc, how in items][:MAX_EVENTS]))
+                       for gc, how in items][:MAX_LISTED]))
     if orphans:
         found.append(insight(
             "deletion", f"The garbage collector deleted {plural(len(orphans), 'object')} "
@@ -449,5 +450,6 @@ def recreated_insights(creates: list[dict], deletes: dict[int, dict]) -> list[di
                 "event": d["id"], "at": rfc3339(d["received"]), "user": d["username"],
                 "uid": d.get("uid", "")},
                 "created": {"event": c["id"], "at": rfc3339(c["received"]),
-                            "user": c["username"], "uid": c["uid"]}} for d, c in pairs]))
+                            "user": c["username"], "uid": c["uid"]}}
+                for d, c in pairs[-MAX_LISTED:]]))
     return found

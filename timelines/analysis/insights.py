@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 import orjson
 from django.db import IntegrityError, InterfaceError, OperationalError
-from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
+from django.db.models import Case, Count, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
@@ -41,6 +41,7 @@ KINDS = ("list-without-resource-version", "slow-request", "deletion", "recreated
          "error-burst", "conflicting-writers", "audit-coverage")
 SEVERITIES = ("critical", "warning", "info")
 MAX_EVENTS = 200  # event ids an insight carries
+MAX_LISTED = 50  # entries of an insight's lists of facts (deletes, recreations…)
 SLOW_MS = 1000.0  # a request slower than this is a slow request
 SLOW_CRITICAL_MS = 10_000.0
 MAX_SLOW = 25  # slow requests told one by one (the rest in one more insight)
@@ -136,26 +137,32 @@ def metadata_of(body: dict | None, side: str) -> dict:
 
 def etcd_list_rows(events: QuerySet) -> list[dict]:
     """Per actor, the LISTs without a ``resourceVersion`` (or with an empty one): ``username``,
-    ``count``, ``total_ms``, ``max_ms``, ``first``, ``last``, ``resources`` ([(resource, n)]),
-    ``ids`` (the slowest, at most MAX_EVENTS); the MAX_ACTORS actors of most time."""
-    lists = requests_of(events).filter(verb="list").exclude(request_uri__regex=RESOURCE_VERSION_SET)
-    actors = list(lists.order_by().values("username").annotate(
-        count=Count("id"), total_ms=Sum("duration_ms"), max_ms=Max("duration_ms"),
-        first=Min("received"), last=Max("received"),
-    ).order_by(F("total_ms").desc(nulls_last=True), "-count", "username")[:MAX_ACTORS])
-    if not actors:
-        return []
-    resources = defaultdict(list)
-    for row in lists.filter(username__in=[a["username"] for a in actors]).order_by().values(
-            "username", "resource").annotate(n=Count("id")).order_by("-n", "resource"):
-        resources[row["username"]].append((row["resource"], row["n"]))
-    for actor in actors:
-        actor["resources"] = resources[actor["username"]]
-        actor["ids"] = [i for i, _ in sorted(
-            lists.filter(username=actor["username"]).order_by(
-                F("duration_ms").desc(nulls_last=True), "id").values_list("id", "received")[
-                :MAX_EVENTS], key=lambda pair: (pair[1], pair[0]))]
-    return actors
+    ``count``, ``total_ms``, ``max_ms``, ``first``, ``last``, ``resources`` ([(resource, n)],
+    most first), ``ids`` (the first MAX_EVENTS in time); the MAX_ACTORS actors of most time.
+    One pass over the incident's LISTs, then the actor index for each actor's first ones."""
+    lists = requests_of(events).filter(verb="list").exclude(
+        request_uri__regex=RESOURCE_VERSION_SET)
+    actors: dict[str, dict] = {}
+    for row in lists.order_by().values("username", "resource").annotate(
+            count=Count("id"), total_ms=Sum("duration_ms"), max_ms=Max("duration_ms"),
+            first=Min("received"), last=Max("received")):
+        actor = actors.setdefault(row["username"], {
+            "username": row["username"], "count": 0, "total_ms": 0.0, "max_ms": None,
+            "first": row["first"], "last": row["last"], "resources": []})
+        actor["count"] += row["count"]
+        actor["total_ms"] += row["total_ms"] or 0.0
+        if row["max_ms"] is not None:
+            actor["max_ms"] = max(actor["max_ms"] or 0.0, row["max_ms"])
+        actor["first"] = min(actor["first"], row["first"])
+        actor["last"] = max(actor["last"], row["last"])
+        actor["resources"].append((row["resource"], row["count"]))
+    ranked = sorted(actors.values(), key=lambda a: (-a["total_ms"], -a["count"],
+                                                    a["username"]))[:MAX_ACTORS]
+    for actor in ranked:
+        actor["resources"].sort(key=lambda pair: (-pair[1], pair[0]))
+        actor["ids"] = list(lists.filter(username=actor["username"]).order_by(
+            "received", "id").values_list("id", flat=True)[:MAX_EVENTS])
+    return ranked
 
 
 def etcd_list_insights(actors: list[dict]) -> list[dict]:
@@ -387,12 +394,15 @@ def writer_rows(events: QuerySet) -> list[dict]:
     ``id``, ``received``, ``username``, ``verb``, ``code``, and the object."""
     writes = requests_of(events).filter(Q(code=409) | STATUS_OK, verb__in=WRITE_VERBS).exclude(
         name="")
-    objects = list(writes.order_by().values("resource", "subresource", "namespace", "name")
-                   .annotate(writers=Count("username", distinct=True), n=Count("id"))
-                   .filter(writers__gte=2).order_by("-n", "resource", "name")[:MAX_OBJECTS])
-    if not objects:
+    # writes per object and writer, in one hash aggregate (no sort for a distinct count)
+    writers: dict[tuple, list[int]] = defaultdict(list)
+    for resource, subresource, namespace, name, _, n in writes.order_by().values_list(
+            "resource", "subresource", "namespace", "name", "username").annotate(n=Count("id")):
+        writers[(resource, subresource, namespace, name)].append(n)
+    keys = set(sorted((k for k, counts in writers.items() if len(counts) >= 2),
+                      key=lambda k: (-sum(writers[k]), k))[:MAX_OBJECTS])
+    if not keys:
         return []
-    keys = {(o["resource"], o["subresource"], o["namespace"], o["name"]) for o in objects}
     return [w for w in writes.filter(
         resource__in={k[0] for k in keys}, name__in={k[3] for k in keys}).order_by(
         "received", "id").values("id", "received", "username", "verb", "code", "resource",

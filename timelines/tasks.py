@@ -77,6 +77,10 @@ def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
     settle_years(incident_id)
     warm_overview(incident_id, cache_figures=cache_figures)
     insights.refresh_after_ingest(incident_id)
+    if cache_figures:  # where the cache is shared: the pod phases' facts and unfiltered answer
+        from .analysis import pods_views
+
+        pods_views.warm(incident_id)
 
 
 def _reason(exc: Exception) -> str:

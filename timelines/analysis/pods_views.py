@@ -90,77 +90,93 @@ def _compute(incident: Incident, params: QueryDict, version: str | None) -> list
     events = filtered(incident, rest)  # raises BadQuery
     if resources and "pods" not in resources:
         return []
-    about_pods = events.filter(resource="pods").filter(
-        Q(kind="event") | _successful_writes())
+    about_pods = events.filter(resource="pods")
     if names:
         # a create of a generated name is read whatever its pod's name turns out to be
         about_pods = about_pods.filter(Q(name__in=names) | Q(name="", verb="create"))
+    # Rows whose columns say it all: Events, and requests whose body is not read.
+    plain = about_pods.filter(Q(kind="event") | _successful_writes() & (
+        Q(body_chunk__isnull=True) | Q(subresource="eviction")))
     controllers = events.filter(resource__in=pods.CONTROLLERS, kind="event",
                                 reason__in=pods.CONTROLLER_REASONS)
-    rows = [*about_pods.order_by().values_list(*_ROW_FIELDS),
-            *controllers.order_by().values_list(*_ROW_FIELDS)]
-    facts_of = _body_facts(incident.pk, version, rows)
     facts: list[pods.Fact] = []
-    for row in rows:
-        facts.extend(_facts_of_row(row, facts_of))
+    for row in [*aggregate.span_rows(plain.order_by(), _ROW_FIELDS),
+                *aggregate.span_rows(controllers.order_by(), _ROW_FIELDS)]:
+        facts.extend(_facts_of_row(row))
+    # Requests read with their bodies: what those say is kept per data version, so only their
+    # ids are selected here.
+    with_body = about_pods.filter(_with_body()).order_by()
+    if version is None:  # an upload is running: read what this query needs, keep nothing
+        for of in _read_facts(aggregate.span_rows(with_body, _ROW_FIELDS)).values():
+            facts.extend(of)
+    else:
+        known = incident_body_facts(incident.pk, version)
+        for pk in with_body.values_list("pk", flat=True).iterator(chunk_size=10_000):
+            facts.extend(known.get(pk, ()))
     if names:
         facts = [f for f in facts if f.name in names]
     return [pod.as_json() for pod in pods.assemble(facts)]
 
 
-def _facts_of_row(row: tuple, facts_of: dict[int, list[pods.Fact]]) -> list[pods.Fact]:
-    (pk, kind, verb, subresource, _code, resource, namespace, name, uid, received, reason,
-     severity, count, message, body_chunk, _index) = row
+def _facts_of_row(row: tuple) -> list[pods.Fact]:
+    (_pk, kind, verb, subresource, _code, resource, namespace, name, uid, received, reason,
+     severity, count, message, _chunk, _index) = row
     if kind == "event":
-        return pods.facts_of_event(resource, reason, severity, namespace, name, uid,
-                                   pods.microseconds(received), count, message)
-    if pk in facts_of:
-        return facts_of[pk]
-    return pods.facts_of_request(verb, subresource, namespace, name, uid,
-                                 pods.microseconds(received), None)
+        return pods.facts_of_event(resource, reason, severity, namespace, name, uid, received,
+                                   count, message)
+    return pods.facts_of_request(verb, subresource, namespace, name, uid, received, None)
 
 
-def _body_facts(incident_id: int, version: str | None,
-                rows: list[tuple]) -> dict[int, list[pods.Fact]]:
-    """What the stored bodies of ``rows`` say, by event id: from the cache of the incident's
-    data version (filled, for every request on pods with a body, by the first query that needs
-    one), or read now when an upload is running."""
-    needed = [row for row in rows if row[1] == "audit" and row[14] is not None
-              and pods.wants_body(row[2], row[3])]
-    if not needed:
-        return {}
-    if version is None:
-        return _read_facts(needed)
-    return incident_body_facts(incident_id, version)
+# The facts of the last few incidents' bodies in this process: decoding them from the shared
+# cache costs more than the rest of a query.
+_KNOWN: dict[tuple[int, str], dict[int, list[pods.Fact]]] = {}
+KNOWN_INCIDENTS = 4
 
 
 def incident_body_facts(incident_id: int, version: str) -> dict[int, list[pods.Fact]]:
     """What the stored body of each of the incident's requests on pods says (those that
-    ``pods.wants_body``), by event id, cached under the data version ``version``."""
+    ``_with_body``), by event id, for the data version ``version``: kept in this process and in
+    the shared cache, read from the bodies by the first query that needs them."""
+    known = _KNOWN.get((incident_id, version))
+    if known is not None:
+        return known
     digest = hashlib.sha256(version.encode()).hexdigest()[:20]
     key = f"hindsight:pod-facts:{incident_id}:{digest}"
     stored = cache.get(key)
     if stored is not None:
-        return {int(pk): [pods.Fact(*f) for f in facts]
-                for pk, facts in orjson.loads(stored).items()}
-    everything = (Event.objects.filter(incident_id=incident_id, resource="pods")
-                  .filter(_with_body()).order_by().values_list(*_ROW_FIELDS))
-    facts = _read_facts(everything.iterator(chunk_size=5000))
-    cache.set(key, orjson.dumps({str(pk): [list(f) for f in of] for pk, of in facts.items()}),
-              CACHE_SECONDS)
-    return facts
+        known = {int(pk): [pods.Fact(*f) for f in facts]
+                 for pk, facts in orjson.loads(stored).items()}
+    else:
+        everything = (Event.objects.filter(incident_id=incident_id, resource="pods")
+                      .filter(_with_body()).order_by())
+        known = _read_facts(aggregate.span_rows(everything, _ROW_FIELDS))
+        cache.set(key, orjson.dumps({str(pk): [list(f) for f in of]
+                                     for pk, of in known.items()}), CACHE_SECONDS)
+    while len(_KNOWN) >= KNOWN_INCIDENTS:
+        _KNOWN.pop(next(iter(_KNOWN)))
+    _KNOWN[(incident_id, version)] = known
+    return known
+
+
+def forget() -> None:
+    """Drop the facts this process keeps (``incident_body_facts``), as a new process starts."""
+    _KNOWN.clear()
 
 
 def warm(incident_id: int) -> None:
-    """Read the stored bodies of the incident's requests on pods once (``incident_body_facts``),
-    so that the first visit of the pod phases does not; for the end of an ingest."""
+    """Read the stored bodies of the incident's requests on pods once (``incident_body_facts``)
+    and count the unfiltered pods, so that the first visit of the pod phases does neither; for
+    the end of an ingest."""
     version = aggregate.data_version(incident_id)
-    if version is not None:
+    incident = Incident.objects.filter(pk=incident_id).first()
+    if version is not None and incident is not None:
         incident_body_facts(incident_id, version)
+        pod_phases(incident, QueryDict())
 
 
 def _read_facts(rows: Iterable[tuple]) -> dict[int, list[pods.Fact]]:
-    """Facts of requests read with their bodies, each chunk decompressed once."""
+    """Facts of requests (rows of ``_ROW_FIELDS``, ``received`` in µs) read with their bodies,
+    each chunk decompressed once."""
     by_chunk: dict[int, list[tuple]] = defaultdict(list)
     for row in rows:
         by_chunk[row[14]].append(row)
@@ -181,8 +197,7 @@ def _read_facts(rows: Iterable[tuple]) -> dict[int, list[pods.Fact]]:
 
 
 def _request_facts(row: tuple, body: dict | None) -> list[pods.Fact]:
-    return pods.facts_of_request(row[2], row[3], row[6], row[7], row[8],
-                                 pods.microseconds(row[9]), body)
+    return pods.facts_of_request(row[2], row[3], row[6], row[7], row[8], row[9], body)
 
 
 # --- HTTP -------------------------------------------------------------------------------------

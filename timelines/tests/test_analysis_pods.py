@@ -493,6 +493,23 @@ def test_a_second_query_reads_no_body(api, incident, two_namespaces):
     assert not [q for q in queries if "timelines_bodychunk" in q["sql"]]
 
 
+def test_the_end_of_an_ingest_prepares_the_pods_for_every_process(api, incident,
+                                                                    two_namespaces):
+    from timelines.analysis import pods_views
+    from timelines.tasks import finish_incident
+
+    finish_incident(incident.pk)
+    pods_views.forget()  # another web process
+    url = _url(incident.pk)
+    with CaptureQueriesContext(connection) as unfiltered:
+        assert len(api(url).json()) == 2
+    with CaptureQueriesContext(connection) as narrowed:
+        assert len(api(url, {"namespace": "data"}).json()) == 1
+    assert not [q for q in unfiltered if "timelines_event" in q["sql"]]  # the answer is kept
+    assert [q for q in narrowed if "timelines_event" in q["sql"]]
+    assert not [q for q in [*unfiltered, *narrowed] if "timelines_bodychunk" in q["sql"]]
+
+
 def test_outsiders_get_404(api_as, client, outsider, incident, two_namespaces):
     assert api_as(outsider).get(_url(incident.pk)).status_code == 404
     client.force_login(outsider)

@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import os
+import re
 import tarfile
 import threading
 import time
@@ -364,3 +365,50 @@ def test_a_writer_that_never_started_ends_at_once():
     writer.finish()
 
     assert not writer.thread.is_alive()
+
+
+# --- 6. manage.py ingest checks its arguments before it creates anything ---------------------
+
+def _bad_paths(case: str, tmp_path: Path) -> tuple[list[str], str]:
+    """The arguments of a case, and the path its error must name."""
+    missing = str(tmp_path / "nonexistent" / "file.log")
+    if case == "missing":
+        return [missing], missing
+    if case == "missing after a good file":
+        return [str(DEMO), missing], missing
+    if case == "pipe":
+        fifo = tmp_path / "pipe.log"
+        os.mkfifo(fifo)
+        return [str(fifo)], str(fifo)
+    if case == "device":
+        return ["/dev/null"], "/dev/null"
+    # a path through a file: stat itself fails (the unreadable case a root test can make)
+    through = str(DEMO / "file.log")
+    return [str(DEMO), through], through
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("case", ["missing", "missing after a good file", "pipe", "device",
+                                  "through a file"])
+def test_ingest_refuses_a_bad_path_before_it_creates_anything(case, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    paths, named = _bad_paths(case, tmp_path)
+
+    with pytest.raises(CommandError, match=re.escape(named)):
+        call_command("ingest", *paths, incident="typo", stdout=io.StringIO(),
+                     stderr=io.StringIO())
+
+    assert not Incident.objects.exists()
+    assert not Upload.objects.exists()
+
+
+@pytest.mark.django_db
+def test_ingest_refuses_jobs_below_one_before_it_creates_anything():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--jobs"):
+        call_command("ingest", str(DEMO), incident="typo", jobs=0, stdout=io.StringIO(),
+                     stderr=io.StringIO())
+
+    assert not Incident.objects.exists()

@@ -13,6 +13,7 @@ import gc
 import json
 import multiprocessing
 import os
+import stat
 import sys
 from collections import Counter
 from functools import partial
@@ -39,6 +40,28 @@ def _start_child() -> None:
 def _ingest_in_child(upload_id: int, table: str | None = None) -> int:
     ingest_upload(upload_id, table=table)
     return upload_id
+
+
+def _check_path(path: Path) -> None:
+    """Raise CommandError, naming ``path``, unless it is a file or directory this process can
+    read."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file or directory") from None
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot be read: {exc.strerror}") from None
+    try:
+        if stat.S_ISDIR(mode):
+            with os.scandir(path):
+                pass
+        elif stat.S_ISREG(mode):
+            with open(path, "rb") as handle:
+                handle.read(1)
+        else:
+            raise CommandError(f"{path}: not a file or directory (a device, pipe or socket)")
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot be read: {exc.strerror}") from None
 
 
 class Command(BaseCommand):
@@ -73,6 +96,11 @@ class Command(BaseCommand):
         super().run_from_argv(argv)
 
     def handle(self, *args, **options) -> None:
+        # Every argument is checked before anything is created: a typo makes no empty incident.
+        for path in map(Path, options["paths"]):
+            _check_path(path)
+        if options["jobs"] is not None and options["jobs"] < 1:
+            raise CommandError("--jobs must be at least 1")
         incident = self._incident(options)
         try:
             self._ingest(incident, options)
@@ -84,14 +112,8 @@ class Command(BaseCommand):
 
     def _ingest(self, incident: Incident, options) -> None:
         uploads = []
-        for path in map(Path, options["paths"]):
-            if path.is_file() or path.is_dir():  # a directory is read as a bundle
-                uploads.append(create_local_upload(incident, path))
-            else:
-                uploads.append(Upload.objects.create(
-                    incident=incident, name=str(path), path_is_copy=False,
-                    status=Upload.Status.FAILED, message=f"{path}: no such file",
-                    errors=[f"{path}: no such file"]))
+        for path in map(Path, options["paths"]):  # files and directories (read as bundles)
+            uploads.append(create_local_upload(incident, path))
         # Bundles are unpacked first; then every file, loose or from a bundle, is ingested.
         files: list[int] = []
         for upload in uploads:
@@ -202,8 +224,6 @@ class Command(BaseCommand):
             # last file (the third apiserver's log of three, on two CPUs) would run alone while
             # a CPU idles; the PostgreSQL backends take their share of the CPUs anyway.
             return (os.cpu_count() or 1) + 1
-        if wanted < 1:
-            raise CommandError("--jobs must be at least 1")
         return wanted
 
     def _ingest_in_processes(self, upload_ids: list[int], jobs: int, as_json: bool,

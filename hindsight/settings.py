@@ -3,6 +3,9 @@
 With nothing set, the embedded default runs everything on one machine with Python alone: SQLite
 under ``var/`` and ingest tasks in-process. Set ``DATABASE_URL`` (PostgreSQL) and
 ``CELERY_BROKER_URL`` (Redis) for production. ``.env.example`` documents every variable.
+
+Importing this module writes nothing: the data directory and the embedded default's stored
+secret key are made when Django starts (``hindsight.apps``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def env_header(name: str) -> tuple[str, str] | None:
+    """A request header and the value that means HTTPS, as ``HTTP_X_FORWARDED_PROTO,https``."""
+    value = os.environ.get(name, "")
+    if not value:
+        return None
+    header, _, expected = (part.strip() for part in value.partition(","))
+    if not header.startswith("HTTP_") or not expected:
+        raise ImproperlyConfigured(
+            f"{name} must look like HTTP_X_FORWARDED_PROTO,https, not {value!r}")
+    return header, expected
+
+
 def env_rate(name: str, default: str) -> str | None:
     """A DRF throttle rate such as ``1200/min`` (``N/s``, ``N/min``, ``N/hour``, ``N/day``);
     ``off`` disables the limit."""
@@ -59,26 +74,45 @@ def env_rate(name: str, default: str) -> str | None:
 
 
 DEBUG = env_bool("DEBUG", False)
-# The embedded default gets a per-checkout key so that sessions survive restarts; production sets
-# SECRET_KEY explicitly.
+# Absolute links in API answers and `ingest --json` use this base when there is no request.
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+# A site whose public address is https:// is a production site: it needs its own SECRET_KEY, and
+# the security settings below default to what HTTPS allows. Over plain HTTP (the embedded
+# default, compose on localhost) they stay off, or the browser would drop the session cookie.
+HTTPS = SITE_URL.startswith("https://")
 DATA_DIR = Path(env_str("HINDSIGHT_DATA_DIR", str(BASE_DIR / "var")))
+SECRET_KEY_FILE = DATA_DIR / "secret_key"
 SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY and HTTPS:
+    raise ImproperlyConfigured("SECRET_KEY must be set for a site served over HTTPS (SITE_URL "
+                               f"{SITE_URL}); see .env.example")
 if not SECRET_KEY:
-    key_file = DATA_DIR / "secret_key"
-    if key_file.exists():
-        SECRET_KEY = key_file.read_text().strip()
+    # The embedded default keeps a key per data directory so that sessions survive restarts:
+    # read here, made and stored at startup (hindsight.apps) when there is none yet.
+    if SECRET_KEY_FILE.is_file():
+        SECRET_KEY = SECRET_KEY_FILE.read_text().strip()
     else:
         import secrets
 
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
         SECRET_KEY = secrets.token_urlsafe(50)
-        key_file.write_text(SECRET_KEY)
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
-# Absolute links in API answers and `ingest --json` use this base when there is no request.
-SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+
+# HTTPS. Behind a proxy that ends TLS, SECURE_PROXY_SSL_HEADER names the header it sets (only if
+# it always sets it, overwriting the client's), or every request looks like plain HTTP.
+SECURE_PROXY_SSL_HEADER = env_header("SECURE_PROXY_SSL_HEADER")
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", HTTPS)
+# The container healthcheck asks over plain HTTP from inside (docker-compose.yml).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", HTTPS)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if HTTPS else 0)
+# Both promise more than this site: every subdomain over HTTPS; preload, for months after.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
 
 INSTALLED_APPS = [
+    "hindsight.apps.HindsightConfig",  # makes the data directory at startup
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -131,7 +165,6 @@ if DATABASE_URL:
     if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://…)")
 else:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -172,8 +205,7 @@ PLOTLY_JS = "plotly/plotly.min.js"
 if (BASE_DIR / "assets" / "dist" / "plotly-timeline.min.js").is_file():
     STATICFILES_DIRS.append(("plotly", BASE_DIR / "assets" / "dist"))
     PLOTLY_JS = "plotly/plotly-timeline.min.js"
-STATIC_ROOT = DATA_DIR / "static"
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one
+STATIC_ROOT = DATA_DIR / "static"  # made at startup: WhiteNoise warns about a missing one
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

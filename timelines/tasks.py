@@ -37,7 +37,11 @@ TRANSIENT = (OperationalError, InterfaceError)
 def ingest_upload_task(self, upload_id: int) -> None:
     """Ingest one upload; a bundle's files each get a task of their own, so that several workers
     share a large bundle. If the upload row has been deleted meanwhile, does nothing; if another
-    worker holds it, does nothing. Retries database errors with backoff; the run is idempotent."""
+    worker holds it, does nothing. Retries database errors with backoff; the run is idempotent.
+    Delivered again after its worker died (``reject_on_worker_lost``) once too often, it fails
+    the upload: a file that kills its worker every time (out of memory) must not loop."""
+    if _lost_too_often(upload_id, self.request.id):
+        return
     try:
         upload = ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn)
     except SoftTimeLimitExceeded:
@@ -81,6 +85,21 @@ def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
         from .analysis import pods_views
 
         pods_views.warm(incident_id)
+
+
+def _lost_too_often(upload_id: int, claimant: str | None) -> bool:
+    """True, and the upload failed, if this task's earlier runs claimed it
+    ``UPLOAD_MAX_ATTEMPTS`` times and none ended: still ``running``, claimed by this task, with
+    the heartbeat that a run clears when it ends in an error to retry."""
+    lost = Upload.objects.filter(
+        pk=upload_id, status=Upload.Status.RUNNING, claimed_by=claimant or "-",
+        heartbeat_at__isnull=False, attempts__gte=settings.UPLOAD_MAX_ATTEMPTS,
+    ).values_list("attempts", flat=True).first()
+    if lost is None:
+        return False
+    fail_upload(upload_id, f"the ingest worker was lost {lost} times; "
+                           "the events stored so far are kept")
+    return True
 
 
 def _reason(exc: Exception) -> str:

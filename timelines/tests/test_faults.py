@@ -299,3 +299,22 @@ def test_a_bundle_that_fills_the_work_directory_fails_saying_so_and_frees_it(
     seen = Path(f"/proc/{worker.pid}/root") / str(work).lstrip("/")
     assert os.statvfs(seen).f_bfree == os.statvfs(seen).f_blocks, list(seen.rglob("*"))
     assert not Event.objects.filter(incident_id=upload.incident_id).exists()
+
+
+def test_an_upload_whose_worker_dies_at_every_attempt_fails_rather_than_looping(
+        client, owner, token_for, workers, big_log):
+    """A file that kills its worker every time (out of memory, say) is delivered again after
+    each death (``reject_on_worker_lost``); after ``HINDSIGHT_UPLOAD_MAX_ATTEMPTS`` it fails."""
+    worker = workers.start("worker", env={"HINDSIGHT_UPLOAD_MAX_ATTEMPTS": "2"})
+    upload_id = _post(client, token_for(owner), big_log, "kills its worker")
+    for attempt in (1, 2):
+        _wait(upload_id, lambda u, attempt=attempt: _running_mid_way(u) and u.attempts == attempt)
+        for child in psutil.Process(worker.pid).children():
+            child.kill()  # the pool child: the worker lives on and delivers the task again
+
+    upload = _wait(upload_id, lambda u: u.finished, timeout=60)
+
+    assert upload.status == Upload.Status.FAILED
+    assert upload.message.startswith("the ingest worker was lost 2 times"), upload.message
+    assert upload.attempts == 2
+    assert worker.poll() is None

@@ -30,6 +30,8 @@ MAX_DOCUMENT_BYTES = 512 * 1024**2
 # graph (some 30 times the text) and is over twice as slow as on its items one at a time.
 BIG_YAML_DOCUMENT = 4 * 1024**2
 BOM = b"\xef\xbb\xbf"
+# How far past a first line that is neither JSON nor YAML-like to look for a JSON line.
+LOOKAHEAD_LINES = 64
 
 
 def read_documents(numbered: Iterator[tuple[int, bytes]], collector: Collector,
@@ -46,6 +48,17 @@ def read_documents(numbered: Iterator[tuple[int, bytes]], collector: Collector,
         if line.strip():
             break
     first = leading[-1][1].strip() if leading else b""
+    json_lines = False
+    if first and first[:1] not in (b"{", b"["):
+        # A damaged first line must not make a file of JSON lines YAML and lose every Event in
+        # it: a later line in column 0 that is a JSON value of its own says JSON lines.
+        for number, line in numbered:
+            leading.append((number, line))
+            if line[:1] in (b"{", b"[") and _parses(line):
+                json_lines = True
+                break
+            if len(leading) >= LOOKAHEAD_LINES:
+                break
     everything = _chain(leading, numbered)
 
     def read_all(what: str) -> list[bytes]:
@@ -74,7 +87,7 @@ def read_documents(numbered: Iterator[tuple[int, bytes]], collector: Collector,
             reader.finish()
         else:
             collector.visit(value, leading[-1][0])
-    elif first[:1] in (b"{", b"["):
+    elif json_lines or first[:1] in (b"{", b"["):
         reader = _JsonReader(collector)  # JSON lines (or a minified document): streamed
         for number, line in everything:
             reader.feed(number, line)
@@ -82,6 +95,14 @@ def read_documents(numbered: Iterator[tuple[int, bytes]], collector: Collector,
         reader.finish()
     elif first:
         _read_yaml(read_all("YAML"), collector)
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _chain(first: list[tuple[int, bytes]],
@@ -148,10 +169,16 @@ class _JsonReader:
             return
         if self.chunk:
             opens_value = line[:1] in (b"{", b"[")
-            if not opens_value or (self.pretty and not self.indented):
+            if opens_value and self.pretty and len(self.chunk) == 1 and _parses(stripped):
+                # A lone brace followed by a whole value: a line cut short, not the start of
+                # an unindented document (whose first item would end with a comma).
+                self.chunk = []
+                self.skip(self.chunk_start, "malformed JSON (a lone bracket)")
+            elif not opens_value or (self.pretty and not self.indented):
                 self._extend(line)
                 return
-            self.flush()  # a new value in column 0: the document before it is broken
+            else:
+                self.flush()  # a new value in column 0: the document before it is broken
         if stripped[:1] not in (b"{", b"["):
             self.skip(number, _json_reason(stripped, None))
             return
@@ -196,7 +223,8 @@ class _JsonReader:
         lines, start = self.chunk, self.chunk_start
         self.chunk = []
         reason = _json_reason(b"".join(lines), exc)
-        error_line = start + exc.lineno - 1
+        # orjson counts the end of the chunk's last line as one more line: no further than it.
+        error_line = min(start + exc.lineno - 1, start + len(lines) - 1)
         items = _json_items(lines, start)
         failures = 0
         for item_start, item in items:

@@ -30,7 +30,7 @@
   function drawAnchors() {
     const anchor = answer.anchor;
     const rule = {"given": "as given", "first-shared-create":
-                    "the first create of an object name both runs share",
+                    "the first create of an object name both runs share",  // object, else name
                   "first-request": "no object name is created in both runs: each run's first " +
                     "request"}[anchor.rule] || anchor.rule;
     const box = $("anchors");

@@ -11,9 +11,10 @@ epoch); ``compare_views`` reads the rows and answers HTTP.
 - Offsets are milliseconds from each run's anchor (``received`` of the step minus ``received``
   of the anchor): a step in both runs has ``delta_ms`` = its offset in b minus its offset in a.
 - The default anchor (``default_anchors``): among the successful (2xx) creates of a named object
-  (not of a subresource) in run a, in time order, the first whose (resource, name) also has a
-  successful create in run b; b's anchor is b's first such create. The namespace is left out:
-  runs often make a namespace of their own. Without such a create, each run's first step.
+  (not of a subresource) in run a, in time order, the first whose (resource, namespace, name)
+  also has a successful create in run b; b's anchor is b's first such create. If no object is
+  created in both, the same by (resource, name) alone: runs often make a namespace of their own.
+  Without such a create either, each run's first step.
 """
 
 from __future__ import annotations
@@ -54,18 +55,24 @@ def is_created(step: Step) -> bool:
             and bool(step.name) and not step.subresource)
 
 
-def default_anchors(creates_a: Iterable[Step], creates_b: Iterable[Step]
-                    ) -> tuple[Step, Step] | None:
+def default_anchors(creates_a: Iterable[Step], creates_b: Iterable[Step], *,
+                    by_namespace: bool = False) -> tuple[Step, Step] | None:
     """The default anchors (the module docstring's rule) from each run's steps in time order
-    (only the creates matter, so callers may pass just those); None when no object name is
-    created in both runs."""
-    first_b: dict[tuple[str, str], Step] = {}
+    (only the creates matter, so callers may pass just those): the first create in a of an
+    object (resource, name; and namespace with ``by_namespace``) also created in b, with b's
+    first create of it. None when there is none."""
+    def key(step: Step) -> tuple[str, ...]:
+        if by_namespace:
+            return step.resource, step.namespace, step.name
+        return step.resource, step.name
+
+    first_b: dict[tuple[str, ...], Step] = {}
     for step in creates_b:
         if is_created(step):
-            first_b.setdefault((step.resource, step.name), step)
+            first_b.setdefault(key(step), step)
     for step in creates_a:
-        if is_created(step) and (step.resource, step.name) in first_b:
-            return step, first_b[step.resource, step.name]
+        if is_created(step) and key(step) in first_b:
+            return step, first_b[key(step)]
     return None
 
 

@@ -365,3 +365,28 @@ def test_the_page_offers_only_the_incidents_the_user_sees(client, owner, runs):
     assert hidden.pk not in offered
     chosen = client.get(f"/incidents/{a.pk}/compare/", {"against": b.pk})
     assert f'<option value="{b.pk}" selected>' in chosen.content.decode()
+
+
+def test_the_default_anchor_prefers_the_same_object_then_the_same_name(api, tmp_path, team,
+                                                                        owner, incident,
+                                                                        ingest_file):
+    # a creates x then y in "one"; b creates x in "two" (the same name only), then y in "one"
+    run_a = [("t", "create", "configmaps", "", "one", "x", 0.0, 201),
+             ("t", "create", "configmaps", "", "one", "y", 1.0, 201)]
+    run_b = [("t", "create", "configmaps", "", "two", "x", 0.0, 201),
+             ("t", "create", "configmaps", "", "one", "y", 5.0, 201)]
+    elsewhere = [("t", "create", "configmaps", "", "two", "x", 0.0, 201),
+                 ("t", "create", "configmaps", "", "two", "y", 5.0, 201)]
+    incidents = [incident]
+    for name, steps in (("b", run_b), ("c", elsewhere)):
+        incidents.append(Incident.objects.create(title=name, team=team, created_by=owner))
+        _write_run(tmp_path / f"{name}.log", START_B, steps)
+        assert ingest_file(incidents[-1], tmp_path / f"{name}.log").status == "done"
+    _write_run(tmp_path / "a.log", START_A, run_a)
+    assert ingest_file(incident, tmp_path / "a.log").status == "done"
+    a, b, c = incidents
+    same_object = _compare(api, a, b).json()["anchor"]
+    assert (same_object["a"], same_object["b"]) == (_ids(a)[1], _ids(b)[1])  # y, in "one"
+    same_name = _compare(api, a, c).json()["anchor"]
+    assert (same_name["a"], same_name["b"]) == (_ids(a)[0], _ids(c)[0])  # x, by name
+    assert same_name["rule"] == "first-shared-create"

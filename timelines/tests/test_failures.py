@@ -412,3 +412,29 @@ def test_ingest_refuses_jobs_below_one_before_it_creates_anything():
                      stderr=io.StringIO())
 
     assert not Incident.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bundle", [False, True], ids=["file", "bundle"])
+def test_ingest_stopped_by_an_error_leaves_no_upload_running(bundle, tmp_path, monkeypatch):
+    from django.core.management import call_command
+
+    from timelines.ingest import pipeline
+
+    def broken(self, bytes_read, rows):
+        raise RuntimeError("the disk went away")
+
+    monkeypatch.setattr(pipeline._Progress, "parsed", broken)
+    path = DEMO
+    if bundle:
+        path = _tar(tmp_path / "b.tar.gz", [_entry("a/audit.log", DEMO.read_bytes()),
+                                            _entry("b/audit.log", DEMO.read_bytes())])
+
+    with pytest.raises(RuntimeError, match="the disk went away"):
+        call_command("ingest", str(path), incident="stopped", jobs=1, stdout=io.StringIO(),
+                     stderr=io.StringIO())
+
+    uploads = list(Upload.objects.all())
+    assert len(uploads) == (3 if bundle else 1)
+    assert {u.status for u in uploads} == {Upload.Status.FAILED}
+    assert all("the disk went away" in u.message for u in uploads if u.parent_id or not bundle)

@@ -9,6 +9,7 @@ read are ``skipped`` with the reason in ``message``); the exit code is 0 only if
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -21,12 +22,12 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, connections
-from django.db.models import Sum
+from django.db import DatabaseError, connection, connections
+from django.db.models import F, Q, Sum
 
 from incidents.models import Incident, IncidentGone, Team, Upload
 from timelines.bundles import is_bundle
-from timelines.ingest import bulk, create_local_upload, ingest_upload
+from timelines.ingest import bulk, create_local_upload, fail_upload, ingest_upload
 from timelines.queries import shared_cache
 from timelines.tasks import finish_incident
 
@@ -102,18 +103,38 @@ class Command(BaseCommand):
         if options["jobs"] is not None and options["jobs"] < 1:
             raise CommandError("--jobs must be at least 1")
         incident = self._incident(options)
+        self._top: list[int] = []  # the uploads this run made (a bundle's files hang off them)
         try:
             self._ingest(incident, options)
-        except (IncidentGone, Upload.DoesNotExist):
+        except (IncidentGone, Upload.DoesNotExist) as exc:
             if Incident.objects.filter(pk=incident.pk).exists():
+                self._fail_unfinished(f"{type(exc).__name__}: {exc}")
                 raise
             raise CommandError(f"incident {incident.pk} was deleted while its files were being "
                                "ingested: nothing of them is kept") from None
+        except BaseException as exc:
+            self._fail_unfinished("interrupted" if isinstance(exc, KeyboardInterrupt)
+                                  else f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _fail_unfinished(self, reason: str) -> None:
+        """Whatever stopped the run, none of its uploads stays pending or running: no worker or
+        sweep would ever take up a file of a command that has ended. (If the database itself is
+        what failed, there is nothing to mark and the error is what the user sees.)"""
+        with contextlib.suppress(DatabaseError):
+            unfinished = Upload.objects.filter(
+                Q(pk__in=self._top) | Q(parent_id__in=self._top),
+                status__in=[Upload.Status.PENDING, Upload.Status.RUNNING],
+            ).order_by(F("parent_id").desc(nulls_last=True))  # a bundle's files first
+            for upload_id in list(unfinished.values_list("pk", flat=True)):
+                fail_upload(upload_id, f"manage.py ingest stopped before this file was done: "
+                                       f"{reason}")
 
     def _ingest(self, incident: Incident, options) -> None:
         uploads = []
         for path in map(Path, options["paths"]):  # files and directories (read as bundles)
             uploads.append(create_local_upload(incident, path))
+            self._top.append(uploads[-1].pk)
         # Bundles are unpacked first; then every file, loose or from a bundle, is ingested.
         files: list[int] = []
         for upload in uploads:

@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import timedelta
 
+from django.db import connection
 from django.db.models import (
     Case,
     Count,
@@ -24,11 +25,10 @@ from django.db.models import (
     When,
     Window,
 )
-from django.db.models.functions import FirstValue, Lag
+from django.db.models.functions import Collate, FirstValue, Lag
 
 from incidents.notes import format_duration, format_time
 
-from ..models import Event
 from .insights import (
     MAX_BODIES,
     MAX_EVENTS,
@@ -381,8 +381,12 @@ def recreated_rows(events: QuerySet) -> tuple[list[dict], dict[int, dict]]:
     and the delete rows by id. One window pass over the creates and deletes."""
     key_namespace = Case(When(resource="namespaces", then=Value("")), default=F("namespace"),
                          output_field=TextField())
-    partition = {"partition_by": [F("resource"), key_namespace, F("name")],
-                 "order_by": [F("received").asc(), F("id").asc()]}
+    keys = [F("resource"), key_namespace, F("name")]
+    if connection.vendor == "postgresql":
+        # byte order: only equal keys matter here, and sorting 500,000 names by the database's
+        # locale took 2.5 times as long
+        keys = [Collate(key, "C") for key in keys]
+    partition = {"partition_by": keys, "order_by": [F("received").asc(), F("id").asc()]}
     lifecycle = requests_of(events).filter(STATUS_OK, verb__in=("create", "delete")).exclude(
         name="").annotate(
         previous_verb=Window(Lag("verb"), **partition),
@@ -390,13 +394,19 @@ def recreated_rows(events: QuerySet) -> tuple[list[dict], dict[int, dict]]:
         # the row's own verb as a window value: a filter on it is applied after the window
         # (Django keeps a plain ``verb`` filter inside, where it would hide the deletes)
         own_verb=Window(FirstValue("verb"), frame=RowRange(start=0, end=0), **partition))
-    creates = list(lifecycle.filter(own_verb="create", previous_verb="delete").order_by(
-        "received", "id").values("id", "received", "username", "resource", "namespace", "name",
-                                 "object_uid", "previous_id", "body_chunk", "body_index")[
-        :MAX_BODIES])
-    if not creates:
+    # ids only, unordered (an ORDER BY would sort every row before the filter): the few that
+    # qualify are ordered here and their details come by primary key
+    found = sorted(lifecycle.filter(own_verb="create", previous_verb="delete").order_by()
+                   .values_list("received", "id", "previous_id"))[:MAX_BODIES]
+    if not found:
         return [], {}
-    deletes = {d["id"]: d for d in Event.objects.filter(
+    pairs = {create_id: delete_id for _, create_id, delete_id in found}
+    creates = list(events.filter(pk__in=pairs).order_by("received", "id").values(
+        "id", "received", "username", "resource", "namespace", "name", "object_uid",
+        "body_chunk", "body_index"))
+    for create in creates:
+        create["previous_id"] = pairs[create["id"]]
+    deletes = {d["id"]: d for d in events.filter(
         pk__in=[c["previous_id"] for c in creates]).values(*_DELETE_FIELDS)}
     bodies = read_bodies([*creates, *deletes.values()])
     for create in creates:

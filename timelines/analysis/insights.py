@@ -57,7 +57,7 @@ BURST_MIN = 10  # errors of one category in a minute that may be a burst
 BURST_FACTOR = 5  # …when this many times the category's mean rate over the incident
 BURST_SPAN = timedelta(minutes=10)  # below this span every concentration of errors counts
 MAX_BURSTS = 20
-MAX_OBJECTS = 200  # objects with several writers looked at
+MAX_OBJECTS = 60  # objects with several writers looked at (the most written)
 MIN_SWITCHES = 2  # A, B, A: two changes of writer
 WRITE_VERBS = ("create", "update", "patch", "delete")
 RESOURCE_VERSION_SET = r"[?&]resourceVersion=[^&]"
@@ -403,11 +403,13 @@ def writer_rows(events: QuerySet) -> list[dict]:
                       key=lambda k: (-sum(writers[k]), k))[:MAX_OBJECTS])
     if not keys:
         return []
-    return [w for w in writes.filter(
-        resource__in={k[0] for k in keys}, name__in={k[3] for k in keys}).order_by(
-        "received", "id").values("id", "received", "username", "verb", "code", "resource",
-                                 "subresource", "namespace", "name")
-        if (w["resource"], w["subresource"], w["namespace"], w["name"]) in keys]
+    # each object by its index (incident, resource, namespace, name, received)
+    chosen = Q()
+    for resource, subresource, namespace, name in keys:
+        chosen |= Q(resource=resource, subresource=subresource, namespace=namespace, name=name)
+    return list(writes.filter(chosen).order_by("received", "id").values(
+        "id", "received", "username", "verb", "code", "resource", "subresource", "namespace",
+        "name"))
 
 
 def writer_insights(writes: list[dict]) -> list[dict]:

@@ -5,13 +5,15 @@
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from pathlib import Path
 
 from . import audit, envelopes, events, gke_logs, klog, textlog
 from .audit import AuditRow, parse_audit
 from .audit import sniff as sniff_audit
-from .base import GZIP_MAGIC, Format, InputError, ParseHints, Report, Row, read_head
+from .base import GZIP_MAGIC, HEAD_BYTES, Format, InputError, ParseHints, Report, Row, read_head
 from .redact import MARKER, Redactor
 
 # Order matters where sniffs overlap: envelopes hold native events (a native sniff could claim an
@@ -42,8 +44,11 @@ def describe_unknown(path: Path, head: bytes | None = None) -> str:
         return "empty file"
     if head is None:
         head = read_head(path)
+    if (magic == GZIP_MAGIC and b"\n" not in head and len(head) < HEAD_BYTES
+            and _ends_early(path)):
+        return "gzip that cannot be read"  # not one whole line comes out of it
     if not head:
-        return "gzip that cannot be read" if magic == GZIP_MAGIC else "empty file"
+        return "empty file"
     sample = head[:8192]
     # Control characters other than whitespace and ESC (colour codes in logs).
     controls = sum(byte < 9 or 13 < byte < 32 and byte != 27 for byte in sample)
@@ -61,6 +66,18 @@ def describe_unknown(path: Path, head: bytes | None = None) -> str:
     if text.startswith(b"---") or re.search(rb"(?m)^(?:apiVersion|metadata|items):", head):
         return "YAML"
     return "text"
+
+
+def _ends_early(path: Path) -> bool:
+    """Whether a gzip file's stream breaks before its end. Read to the end: called only for a
+    file that gave less than a line and less than a head, so a short one (or a broken one)."""
+    try:
+        with gzip.open(path, "rb") as stream:
+            while stream.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error):
+        return True
+    return False
 
 
 __all__ = ["FORMATS", "MARKER", "AuditRow", "Format", "InputError", "ParseHints", "Redactor",

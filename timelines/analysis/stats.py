@@ -25,8 +25,10 @@ one that never completed, to the end of the chart (the last moment the selection
 
 Both are computed where the events are quickest to read, as facets are (``timelines.facets``):
 from the column index (each event's signature gives its key, ``duration.npy`` its duration),
-else by the database (PostgreSQL's ``percentile_disc``; on SQLite the rows are read and grouped
-in Python). The arithmetic is the pure functions ``group_stats`` and ``in_flight`` over arrays.
+else by the database (PostgreSQL's ``percentile_disc``; for the in-flight chart PostgreSQL sends
+each key's times in one pass; on SQLite the rows are read and grouped in Python). The arithmetic
+is the pure functions ``group_stats`` and ``in_flight`` over arrays. At 1,000,000 requests the
+index answers in about 40 ms of CPU, PostgreSQL in 2-4 s (``bench/analysis``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ request comes or the pod was deleted before.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -75,7 +76,8 @@ class Fact(NamedTuple):
 
 
 def microseconds(moment: datetime) -> int:
-    return (moment - EPOCH) // timedelta(microseconds=1)
+    since = moment - EPOCH  # its parts, not ``// timedelta(microseconds=1)``: twice as quick
+    return (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
 
 
 def moment(micros: int) -> datetime:
@@ -93,6 +95,11 @@ def parse_time(value: Any) -> int | None:
     holds what its writer sent: a bad time costs the fact, not the pod)."""
     if not isinstance(value, str) or not value:
         return None
+    return _parse_text_time(value)
+
+
+@functools.lru_cache(maxsize=65_536)  # a pod's status writes repeat the same few times
+def _parse_text_time(value: str) -> int | None:
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:

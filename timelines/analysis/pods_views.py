@@ -60,9 +60,9 @@ def _with_body() -> Q:
         | Q(verb__in=("patch", "update"), subresource="status"))
 
 
-def pod_phases(incident: Incident, params: QueryDict) -> list[dict]:
+def pod_phases(incident: Incident, params: QueryDict) -> bytes:
     """The pods of the incident's evidence that matches the events filters in ``params``, as
-    the API answers them (cached per data version and query). ``resource`` and ``name`` select
+    the API answers them, JSON (cached per data version and query). ``resource`` and ``name`` select
     pods, not rows: a controller's Event names its pod in its message, and a generated pod's
     name is only in the body of its create request."""
     version = aggregate.data_version(incident.pk)
@@ -74,11 +74,11 @@ def pod_phases(incident: Incident, params: QueryDict) -> list[dict]:
         key = f"hindsight:pods:{incident.pk}:{digest}"
         body = cache.get(key)
         if body is not None:
-            return orjson.loads(body)
-    answer = _compute(incident, params, version)
+            return body
+    body = orjson.dumps(_compute(incident, params, version))
     if key is not None:
-        cache.set(key, orjson.dumps(answer), CACHE_SECONDS)
-    return answer
+        cache.set(key, body, CACHE_SECONDS)
+    return body
 
 
 def _compute(incident: Incident, params: QueryDict, version: str | None) -> list[dict]:
@@ -107,12 +107,11 @@ def _compute(incident: Incident, params: QueryDict, version: str | None) -> list
     # ids are selected here.
     with_body = about_pods.filter(_with_body()).order_by()
     if version is None:  # an upload is running: read what this query needs, keep nothing
-        for of in _read_facts(aggregate.span_rows(with_body, _ROW_FIELDS)).values():
-            facts.extend(of)
+        known = _read_facts(aggregate.span_rows(with_body, _ROW_FIELDS))
     else:
         known = incident_body_facts(incident.pk, version)
-        for pk in with_body.values_list("pk", flat=True).iterator(chunk_size=10_000):
-            facts.extend(known.get(pk, ()))
+    for pk in with_body.values_list("pk", flat=True).iterator(chunk_size=10_000):
+        facts.extend(pods.Fact(*f) for f in known.get(pk, ()))
     if names:
         facts = [f for f in facts if f.name in names]
     return [pod.as_json() for pod in pods.assemble(facts)]
@@ -129,14 +128,16 @@ def _facts_of_row(row: tuple) -> list[pods.Fact]:
 
 # The facts of the last few incidents' bodies in this process: decoding them from the shared
 # cache costs more than the rest of a query.
-_KNOWN: dict[tuple[int, str], dict[int, list[pods.Fact]]] = {}
+_KNOWN: dict[tuple[int, str], dict[int, list[list]]] = {}
 KNOWN_INCIDENTS = 4
 
 
-def incident_body_facts(incident_id: int, version: str) -> dict[int, list[pods.Fact]]:
+def incident_body_facts(incident_id: int, version: str) -> dict[int, list[list]]:
     """What the stored body of each of the incident's requests on pods says (those that
-    ``_with_body``), by event id, for the data version ``version``: kept in this process and in
-    the shared cache, read from the bodies by the first query that needs them."""
+    ``_with_body``), by event id, each fact as the list of a ``pods.Fact``'s fields (a query
+    makes Facts of those it selects only), for the data version ``version``: kept in this
+    process and in the shared cache, read from the bodies by the first query that needs
+    them."""
     known = _KNOWN.get((incident_id, version))
     if known is not None:
         return known
@@ -144,14 +145,12 @@ def incident_body_facts(incident_id: int, version: str) -> dict[int, list[pods.F
     key = f"hindsight:pod-facts:{incident_id}:{digest}"
     stored = cache.get(key)
     if stored is not None:
-        known = {int(pk): [pods.Fact(*f) for f in facts]
-                 for pk, facts in orjson.loads(stored).items()}
+        known = {int(pk): facts for pk, facts in orjson.loads(stored).items()}
     else:
         everything = (Event.objects.filter(incident_id=incident_id, resource="pods")
                       .filter(_with_body()).order_by())
         known = _read_facts(aggregate.span_rows(everything, _ROW_FIELDS))
-        cache.set(key, orjson.dumps({str(pk): [list(f) for f in of]
-                                     for pk, of in known.items()}), CACHE_SECONDS)
+        cache.set(key, orjson.dumps(known, option=orjson.OPT_NON_STR_KEYS), CACHE_SECONDS)
     while len(_KNOWN) >= KNOWN_INCIDENTS:
         _KNOWN.pop(next(iter(_KNOWN)))
     _KNOWN[(incident_id, version)] = known
@@ -174,13 +173,13 @@ def warm(incident_id: int) -> None:
         pod_phases(incident, QueryDict())
 
 
-def _read_facts(rows: Iterable[tuple]) -> dict[int, list[pods.Fact]]:
+def _read_facts(rows: Iterable[tuple]) -> dict[int, list[list]]:
     """Facts of requests (rows of ``_ROW_FIELDS``, ``received`` in µs) read with their bodies,
     each chunk decompressed once."""
     by_chunk: dict[int, list[tuple]] = defaultdict(list)
     for row in rows:
         by_chunk[row[14]].append(row)
-    answer: dict[int, list[pods.Fact]] = {}
+    answer: dict[int, list[list]] = {}
     chunk_ids = sorted(by_chunk)
     for start in range(0, len(chunk_ids), CHUNKS_PER_QUERY):
         batch = chunk_ids[start:start + CHUNKS_PER_QUERY]
@@ -196,8 +195,9 @@ def _read_facts(rows: Iterable[tuple]) -> dict[int, list[pods.Fact]]:
     return answer
 
 
-def _request_facts(row: tuple, body: dict | None) -> list[pods.Fact]:
-    return pods.facts_of_request(row[2], row[3], row[6], row[7], row[8], row[9], body)
+def _request_facts(row: tuple, body: dict | None) -> list[list]:
+    return [list(f) for f in pods.facts_of_request(row[2], row[3], row[6], row[7], row[8],
+                                                   row[9], body)]
 
 
 # --- HTTP -------------------------------------------------------------------------------------
@@ -229,10 +229,10 @@ def pods_api(request, incident_pk: int):
     ``pods`` selects none)."""
     incident = get_visible_incident(request.user, incident_pk)
     try:
-        answer = pod_phases(incident, request.query_params)
+        body = pod_phases(incident, request.query_params)
     except BadQuery as exc:
         raise ValidationError(exc.errors) from None
-    return HttpResponse(orjson.dumps(answer), content_type="application/json")
+    return HttpResponse(body, content_type="application/json")
 
 
 @login_required

@@ -49,6 +49,7 @@ from .insights import (
 GC_USER = "system:serviceaccount:kube-system:generic-garbage-collector"
 GC_WINDOW = timedelta(minutes=10)  # an owner deletion this far back may explain a GC delete
 MAX_NAMESPACES = 20
+UID_PAIRS = 3  # re-creations of an object whose UIDs are read from the bodies (the last ones)
 
 
 def steps(events: QuerySet) -> list[tuple[str, Callable[[], list[dict]]]]:
@@ -408,31 +409,38 @@ def recreated_rows(events: QuerySet) -> tuple[list[dict], dict[int, dict]]:
         create["previous_id"] = pairs[create["id"]]
     deletes = {d["id"]: d for d in events.filter(
         pk__in=[c["previous_id"] for c in creates]).values(*_DELETE_FIELDS)}
-    bodies = read_bodies([*creates, *deletes.values()])
+    # UIDs from the bodies of the re-creations shown first (reading a body decompresses its
+    # chunk: a few hundred, not thousands); the others keep the objectRef's UID
+    shown = [c for _, items in ranked_objects(creates)[:MAX_GROUPS] for c in items[-UID_PAIRS:]]
+    bodies = read_bodies([*shown, *(deletes[c["previous_id"]] for c in shown
+                                    if c["previous_id"] in deletes)])
     for create in creates:
         create["uid"] = create["object_uid"] or metadata_of(
             bodies.get(create["id"]), "responseObject").get("uid", "")
-        delete = deletes.get(create["previous_id"])
-        if delete is not None and "uid" not in delete:
-            body = bodies.get(delete["id"]) or {}
-            response = body.get("responseObject") if isinstance(body.get("responseObject"),
-                                                                dict) else {}
-            request = body.get("requestObject") if isinstance(body.get("requestObject"),
-                                                              dict) else {}
-            delete["uid"] = (delete["object_uid"] or metadata_of(body, "responseObject").get("uid")
-                             or (response.get("details") or {}).get("uid")
-                             or (request.get("preconditions") or {}).get("uid") or "")
+    for delete in deletes.values():
+        body = bodies.get(delete["id"]) or {}
+        response = body.get("responseObject")
+        request = body.get("requestObject")
+        response = response if isinstance(response, dict) else {}
+        request = request if isinstance(request, dict) else {}
+        delete["uid"] = (delete["object_uid"] or metadata_of(body, "responseObject").get("uid")
+                         or (response.get("details") or {}).get("uid")
+                         or (request.get("preconditions") or {}).get("uid") or "")
     return creates, deletes
 
 
-def recreated_insights(creates: list[dict], deletes: dict[int, dict]) -> list[dict]:
+def ranked_objects(creates: list[dict]) -> list[tuple[tuple[str, str, str], list[dict]]]:
+    """The re-creations by object (resource, namespace, name), the most re-created first."""
     objects: dict[tuple, list[dict]] = defaultdict(list)
     for create in creates:
         namespace = "" if create["resource"] == "namespaces" else create["namespace"]
         objects[(create["resource"], namespace, create["name"])].append(create)
+    return sorted(objects.items(), key=lambda kv: (-len(kv[1]), kv[1][0]["received"]))
+
+
+def recreated_insights(creates: list[dict], deletes: dict[int, dict]) -> list[dict]:
     found = []
-    ranked = sorted(objects.items(), key=lambda kv: (-len(kv[1]), kv[1][0]["received"]))
-    for (resource, namespace, name), items in ranked[:MAX_GROUPS]:
+    for (resource, namespace, name), items in ranked_objects(creates)[:MAX_GROUPS]:
         pairs = [(deletes.get(c["previous_id"]), c) for c in items]
         last_delete, last_create = pairs[-1]
         others = any(d is not None and d["username"] != c["username"] for d, c in pairs)

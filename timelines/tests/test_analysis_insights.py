@@ -377,6 +377,10 @@ def test_insights_are_computed_once_per_data_version(incident, ingest_file, tmp_
     assert IncidentInsights.objects.get(incident=incident).version != row.version
 
 
+def test_an_incident_without_evidence_has_no_findings(incident, api_as, owner):
+    assert api_as(owner).get(url(incident)).json() == []
+
+
 def test_finishing_the_uploads_stores_the_insights(incident, ingest_file, demo_log):
     ingest_file(incident, demo_log)
     assert not IncidentInsights.objects.filter(incident=incident).exists()

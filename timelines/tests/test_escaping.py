@@ -190,6 +190,10 @@ def _ingest_audit(tmp_path, ingest_file, python_path: bool):
     path.write_bytes(data)
     incident = Incident.objects.create(title="control characters")
     upload = ingest_file(incident, path)
+    _assert_audit_stored(incident, upload, expected)
+
+
+def _assert_audit_stored(incident: Incident, upload: Upload, expected: dict[str, dict]) -> None:
     assert upload.status == Upload.Status.DONE, upload.message
     assert upload.skipped_lines == 0, upload.errors
     events = {e["audit_id"]: e for e in Event.objects.filter(incident=incident).values(
@@ -216,3 +220,23 @@ def test_every_control_character_of_an_audit_log_is_stored_as_read(
 def test_every_control_character_of_an_audit_log_is_stored_as_read_by_sqlite(
         tmp_path, ingest_file):
     _ingest_audit(tmp_path, ingest_file, python_path=False)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("python_path", [False, True], ids=["c-scanner", "python"])
+def test_every_control_character_of_an_audit_log_is_stored_as_read_by_the_bulk_load(
+        python_path, tmp_path, settings, drop_partitions):
+    from django.core.management import call_command
+
+    settings.BULK_LOAD_MIN_BYTES = 0  # a new incident of any size is bulk loaded
+    data, expected = audit_log(python_path)
+    path = tmp_path / "audit.log"
+    path.write_bytes(data)
+    out, err = io.StringIO(), io.StringIO()
+
+    call_command("ingest", str(path), incident="bulk", jobs=1, json=True, stdout=out, stderr=err)
+
+    assert "attached" in err.getvalue()  # the load's own table, attached as a partition
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
+    incident = Incident.objects.get(pk=summary["incident"]["id"])
+    _assert_audit_stored(incident, Upload.objects.get(incident=incident), expected)

@@ -168,7 +168,7 @@ def measure_server(incident_id: int, runs: int) -> list[dict]:
 
     user = get_user_model().objects.filter(username=USERNAME).first() or \
         get_user_model().objects.create_superuser(USERNAME, "bench@example.com", None)
-    client = Client()
+    client = Client(HTTP_HOST="localhost")  # one of the default ALLOWED_HOSTS
     client.force_login(user)
     url = f"/api/v1/incidents/{incident_id}/figure/"
 
@@ -218,7 +218,7 @@ def measure_paint(incident_id: int, runs: int, database_url: str, cache_url: str
     from django.core.cache import cache
     from django.test import Client
 
-    client = Client()
+    client = Client(HTTP_HOST="localhost")  # one of the default ALLOWED_HOSTS
     client.force_login(get_user_model().objects.get(username=USERNAME))
     session = (settings.SESSION_COOKIE_NAME, client.cookies[settings.SESSION_COOKIE_NAME].value)
     env = {**os.environ, "DATABASE_URL": database_url, "CACHE_URL": cache_url,

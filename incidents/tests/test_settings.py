@@ -180,7 +180,7 @@ def test_the_healthcheck_is_never_redirected_to_https(client, settings):
     settings.SECURE_SSL_REDIRECT = True
 
     assert client.get("/healthz").status_code == 200
-    assert client.get("/login/").status_code == 301
+    assert client.get("/accounts/login/").status_code == 301
 
 
 def test_compose_passes_every_security_setting_through():

@@ -223,6 +223,20 @@ class _Produced:
             self.inner.close()  # type: ignore[union-attr]
 
 
+class _TarData:
+    """A tar member's data: the archive ending inside it (tarfile's ReadError, "unexpected end
+    of data", met on a plain tar cut short) is a broken archive, not an error of ``unpack``."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self.inner.read(size)
+        except tarfile.TarError as exc:
+            raise _Broken(_why(exc)) from exc
+
+
 class _GuardedTarInfo(tarfile.TarInfo):
     """A TarInfo that refuses an extended (pax, GNU long name) header over MAX_META_BYTES."""
 
@@ -454,10 +468,10 @@ class _Unpacker:
                 if reason:
                     self.refuse(shown, reason, info.size)
                     if info.isreg():  # its data is skipped, and kept nowhere
-                        self.discard(tar.extractfile(info))
+                        self.discard(_TarData(tar.extractfile(info)))
                     continue
                 start = raw.count
-                self.write(prefix + clean, tar.extractfile(info), info.size,  # type: ignore[arg-type]
+                self.write(prefix + clean, _TarData(tar.extractfile(info)), info.size,
                            lambda start=start: raw.count - start + RATIO_SLACK, depth)
 
     def unpack_zip(self, handle: BinaryIO, prefix: str, depth: int, archive_name: str, *,

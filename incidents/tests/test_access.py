@@ -263,6 +263,13 @@ def inc(w, rest: str = "") -> str:
     return f"/api/v1/incidents/{w.incident.pk}/{rest}"
 
 
+def _insight_sequence(w):
+    from timelines.analysis import insights
+
+    number = next(i["id"] for i in insights.current(w.incident.pk)[0] if i["events"])
+    return inc(w, f"insights/{number}/sequence/"), {}
+
+
 # (route, method) → (expected outcomes, what to send: a path, or (path, body)); bodies of API
 # calls are JSON, of pages and uploads forms.
 SPECS = {
@@ -311,6 +318,9 @@ SPECS = {
     # run b is the incident itself: both runs must be visible, and so is this one
     ("incident-compare", "GET"): (READ, lambda w: inc(w, f"compare/?against={w.incident.pk}")),
     ("compare-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/compare/"),
+    ("incident-insights", "GET"): (READ, lambda w: inc(w, "insights/")),
+    ("incident-insights", "POST"): (WRITE, lambda w: (inc(w, "insights/"), {})),
+    ("incident-insight-sequence", "POST"): (WRITE, _insight_sequence),
     ("api:incident-annotation-list", "GET"): (READ, lambda w: inc(w, "annotations/")),
     ("api:incident-annotation-list", "POST"): (WRITE, lambda w: (
         inc(w, "annotations/"), {"start": _now(), "note": "seen"})),

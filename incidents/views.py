@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 
 from timelines.figures import KIND_COLOURS, OUTCOME_COLOURS
 from timelines.filters import EventFilterSet
+from timelines.lanes import GROUPS
 from timelines.models import Event
 from timelines.tasks import requeue_lost_purges, requeue_stale_uploads
 
@@ -155,8 +156,7 @@ def incident_detail(request, pk):
                                                                      "until")),
         "hidden_filters": [(name, value) for name in EventFilterSet.base_filters
                            if name not in shown for value in request.GET.getlist(name)],
-        "gantt_groups": [("object", "object"), ("actor", "actor"), ("user_agent", "user agent"),
-                         ("source", "source file")],
+        "gantt_groups": list(GROUPS.items()),
         "gantt_colours": [("verb", "verb"), ("outcome", "outcome")],
         # the colours of outcomes and kinds, as the Gantt draws them, for the overview strip
         "timeline_colours": {**OUTCOME_COLOURS, **KIND_COLOURS},

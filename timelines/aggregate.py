@@ -38,18 +38,8 @@ from .figures import (
     fold_lanes,
     microseconds,
 )
+from .lanes import LANE_SQL
 
-# Per grouping: the SQL of the lane's parts for events that have the lane's own column, the
-# condition for those events, and the parts for the others (named after their kind, as
-# ``figures.lane_of`` does). The lane is its non-empty parts joined by "/", as in lane_of.
-_LANE_SQL = {
-    "object": (("resource", "namespace", "name"), "resource <> ''",
-               ("'(' || kind || ')'", "namespace", "name")),
-    "actor": (("username", "''", "''"), "username <> ''", ("'(' || kind || ')'", "''", "''")),
-    "user_agent": (("CASE WHEN user_agent = '' THEN '(none)' ELSE user_agent END", "''", "''"),
-                   None, None),
-    "source": (("CASE WHEN source = '' THEN '(none)' ELSE source END", "''", "''"), None, None),
-}
 # Formats whose parsers yield requests only (kind audit). An incident whose uploads are all of
 # these (or bundles, or files no parser took, which hold no events) needs no event's ``kind``
 # to name its lanes: "(audit)". Then object and actor lanes are counted from their index alone,
@@ -121,12 +111,13 @@ def requests_only(incident_id: int) -> bool:
 def lane_counts(queryset: QuerySet, group: str, *, since: datetime | None = None,
                 until: datetime | None = None, bins: int = HEATMAP_BINS,
                 max_lanes: int | None = None, requests_only: bool = False) -> LaneCounts | None:
-    """Events of the queryset per lane (``figures.lane_of``) and time bin of ``received``; the
-    ``max_lanes`` most active lanes, the rest summed into ``OTHER_LANES``. The bins cover
-    ``since``..``until`` where given, else the events' own range. None if there is no event.
-    ``max_lanes`` defaults to ``HEATMAP_LANES``. ``requests_only``: the caller knows every
-    event is of kind audit (``requests_only()``), which makes the count cheaper."""
-    if group not in _LANE_SQL:
+    """Events of the queryset per lane (``lanes.lane_name``, here ``lanes.LANE_SQL``) and time
+    bin of ``received``; the ``max_lanes`` most active lanes, the rest summed into
+    ``OTHER_LANES``. The bins cover ``since``..``until`` where given, else the events' own
+    range. None if there is no event. ``max_lanes`` defaults to ``HEATMAP_LANES``.
+    ``requests_only``: the caller knows every event is of kind audit (``requests_only()``),
+    which makes the count cheaper."""
+    if group not in LANE_SQL:
         raise ValueError(f"unknown grouping {group!r}")
     max_lanes = HEATMAP_LANES if max_lanes is None else max_lanes
     first, last = time_range(queryset)
@@ -145,7 +136,7 @@ def lane_counts(queryset: QuerySet, group: str, *, since: datetime | None = None
 
 def _lane_counts_postgres(queryset: QuerySet, group: str, edges: Bins, first: datetime,
                           last: datetime, max_lanes: int, requests_only: bool) -> LaneCounts:
-    parts, has_own, other_parts = _LANE_SQL[group]
+    parts, has_own, other_parts = LANE_SQL[group]
     if requests_only and has_own is not None:
         # one pass over the index: events without the lane's column are all "(audit)"
         parts = (f"CASE WHEN {has_own} THEN {parts[0]} ELSE '(audit)' END", *parts[1:])

@@ -21,8 +21,9 @@ from incidents.access import get_visible_incident
 from incidents.models import Incident
 
 from .diff import NoVersion, diff, object_version
-from .figures import COLOURS, GROUPS
+from .figures import COLOURS
 from .filters import EventFilterSet
+from .lanes import GROUPS
 from .models import Event
 from .queries import BadQuery, figure_json
 from .serializers import EventDetailSerializer, EventSerializer

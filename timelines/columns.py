@@ -47,16 +47,8 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from . import aggregate
-from .figures import (
-    EPOCH,
-    HEATMAP_BINS,
-    MICROSECOND,
-    OTHER_LANES,
-    Bins,
-    LaneCounts,
-    lane_name,
-    microseconds,
-)
+from .figures import EPOCH, HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds
+from .lanes import GROUPS, OTHER_LANES, lane_name
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +63,6 @@ FILTER_COLUMNS = {
     "reason": "reason", "severity": "severity", "component": "component", "node": "node",
 }
 WINDOW_PARAMS = ("since", "until")
-LANE_GROUPS = ("object", "actor", "user_agent", "source")
 _FIELDS = tuple(dict.fromkeys(FILTER_COLUMNS.values()))
 _FETCH_ROWS = 50_000
 _SEPARATOR = "\x1f"  # joins a row's fields into its signature
@@ -221,7 +212,7 @@ def build(incident_id: int, version: str) -> Path | None:
             values, codes = _encode([row[field] for row in table])
             meta["values"][field] = values
             np.save(work / f"field-{field}.npy", codes)
-        for group in LANE_GROUPS:
+        for group in GROUPS:
             values, codes = _encode([lane_name(group, row["kind"], row["resource"],
                                                row["namespace"], row["name"], row["username"],
                                                row["user_agent"], row["source"])
@@ -293,7 +284,7 @@ class ColumnIndex:
         self.duration = np.load(folder / "duration.npy", mmap_mode="r")
         # per signature: the code of each field's value, and its lane in each grouping
         self._fields = {f: np.load(folder / f"field-{f}.npy") for f in _FIELDS}
-        self._lanes = {g: np.load(folder / f"lane-{g}.npy") for g in LANE_GROUPS}
+        self._lanes = {g: np.load(folder / f"lane-{g}.npy") for g in GROUPS}
         self._values: dict[str, list] = meta["values"]
         self._codes = {field: {v: i for i, v in enumerate(values)}
                        for field, values in meta["values"].items()}

@@ -1,8 +1,9 @@
 """Plotly figure builders: arrays in, figure dict out. No ORM, no request.
 
 ``build_gantt_figure`` draws each piece of evidence as a bar from its start to its end on one
-lane per object (or actor, user agent, source file), coloured by verb or outcome. Bars are
-WebGL line segments (``scattergl``): SVG shapes take tens of seconds for 100k spans, WebGL a few.
+lane per object (or actor, user agent, source file: what a lane is, ``timelines.lanes``),
+coloured by verb or outcome. Bars are WebGL line segments (``scattergl``): SVG shapes take tens
+of seconds for 100k spans, WebGL a few.
 Spans that never ended are drawn to the window's end, dotted. On object lanes each object's
 lifespan (create to delete) runs beneath its requests, with a marker per successful mutation.
 It draws ``Bar``s (times in integer microseconds; ``Span``s are turned into bars) and keeps its
@@ -25,11 +26,11 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import NamedTuple
 
+from .lanes import GROUPS, OTHER_LANES, lane_name, lane_of, short_label
+
 MAX_SPANS = 20_000
 HEATMAP_BINS = 200
 HEATMAP_LANES = 50
-OTHER_LANES = "(other lanes)"
-GROUPS = ("object", "actor", "user_agent", "source")
 COLOURS = ("verb", "outcome")
 VERB_COLOURS = {
     "get": "#94a3b8", "list": "#64748b", "watch": "#cbd5e1", "create": "#16a34a",
@@ -54,9 +55,6 @@ HEATMAP_COLOURSCALE = [[0, "#bfdbfe"], [0.35, "#60a5fa"], [0.65, "#2563eb"], [1,
 # more with the y range (static/js/timeline.js), so that labels never print over each other.
 LANES_PER_PAGE = 40
 LANE_PX = 18
-# Lane labels longer than this are shortened in the middle (the resource and the object's name
-# stay readable); the figure's ``lanes`` keeps the full names, which the page shows on hover.
-LABEL_CHARS = 44
 # The shortest bar is this share of the window (about 2 px of a 1,000 px plot): a 1 ms request
 # in a 30 min window would otherwise be narrower than a pixel and not drawn at all. The hover
 # text gives the true duration.
@@ -123,28 +121,6 @@ def microseconds(moment: datetime) -> int:
 
 def _moment(micros: int) -> datetime:
     return EPOCH + timedelta(microseconds=micros)
-
-
-def lane_of(span: Span | Bar, group: str) -> str:
-    return lane_name(group, span.kind, span.resource, span.namespace, span.name, span.user,
-                 span.user_agent, span.source)
-
-
-def lane_name(group: str, kind: str, resource: str, namespace: str, name: str, user: str,
-              user_agent: str, source: str) -> str:
-    """The lane of an event in a grouping, from its fields (``lane_of`` of its span)."""
-    if group == "actor":
-        return user or f"({kind})"
-    if group == "user_agent":
-        return user_agent or "(none)"
-    if group == "source":
-        return source or "(none)"
-    lane = resource or f"({kind})"
-    if namespace:
-        lane = f"{lane}/{namespace}"
-    if name:
-        lane = f"{lane}/{name}"
-    return lane
 
 
 def colour_of(span: Span | Bar, colour: str) -> tuple[str, str]:
@@ -247,7 +223,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
     ``customdata`` of every bar point and marker is the event id. ``spans``: Spans (datetimes)
     or Bars (microseconds), which are quicker."""
     if group not in GROUPS:
-        raise ValueError(f"group must be one of {GROUPS}, not {group!r}")
+        raise ValueError(f"group must be one of {tuple(GROUPS)}, not {group!r}")
     if colour not in COLOURS:
         raise ValueError(f"colour must be one of {COLOURS}, not {colour!r}")
     bars = [Bar.of(s) if isinstance(s[2], datetime) else s for s in spans]
@@ -353,15 +329,6 @@ def _layout(names: list[str], *, yaxis: dict) -> dict:
                    "x": 0, "xanchor": "left"},
         "dragmode": "zoom",
     }
-
-
-def short_label(name: str, limit: int = LABEL_CHARS) -> str:
-    """A lane's name shortened in the middle to ``limit`` characters, keeping more of its end
-    (an object's name) than of its start (the resource)."""
-    if len(name) <= limit:
-        return name
-    head = (limit - 1) * 2 // 5
-    return f"{name[:head]}…{name[len(name) - (limit - 1 - head):]}"
 
 
 def _bar_trace(traces: dict[tuple[str, bool, str], dict], kind: str, name: str, hue: str,
@@ -493,7 +460,7 @@ def count_lanes(spans: Iterable[Span], group: str, bins: Bins, *, first: datetim
     """Counts spans by lane and the bin of their start, in Python (the embedded SQLite mode and
     the reference the database's aggregate is tested against)."""
     if group not in GROUPS:
-        raise ValueError(f"group must be one of {GROUPS}, not {group!r}")
+        raise ValueError(f"group must be one of {tuple(GROUPS)}, not {group!r}")
     per_lane: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for span in spans:
         per_lane[lane_of(span, group)][bins.index(span.start)] += 1

@@ -11,7 +11,7 @@
   const query = new URLSearchParams(window.location.search);
   const CHANGED_MS = 1000;  // a change of offset from which a step is highlighted
   const ROWS_SHOWN = 2000;  // per table
-  const LABELS_PX = 300;  // room for a lane label (figures.LABEL_CHARS characters)
+  const LABELS_PX = 300;  // room for a lane label (lanes.LABEL_CHARS characters)
   let answer = null;
 
   function objectOf(step) {

@@ -16,6 +16,7 @@ from incidents.models import Incident, Upload
 from timelines import aggregate, columns
 from timelines.filters import EventFilterSet
 from timelines.ingest import purge_incident
+from timelines.lanes import GROUPS
 from timelines.models import Event
 from timelines.queries import warm_overview
 
@@ -78,7 +79,7 @@ def indexed(incident):
     return incident, columns.load(incident.pk, version)
 
 
-@pytest.mark.parametrize("group", ["object", "actor", "user_agent", "source"])
+@pytest.mark.parametrize("group", list(GROUPS))
 def test_the_index_counts_what_the_database_counts(indexed, group):
     incident, index = indexed
     assert index is not None and index.events == Event.objects.filter(incident=incident).count()

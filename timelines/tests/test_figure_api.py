@@ -15,8 +15,9 @@ from django.utils import timezone
 from incidents.models import Upload
 from timelines import aggregate
 from timelines.columns import ColumnIndex
-from timelines.figures import OTHER_LANES, Bins, Span, count_lanes, hover_texts, microseconds
+from timelines.figures import Bins, Span, count_lanes, hover_texts, microseconds
 from timelines.ingest.store import write_rows
+from timelines.lanes import GROUPS, OTHER_LANES
 from timelines.models import Event
 from timelines.parsers import Row
 
@@ -119,7 +120,7 @@ def _figure(client, incident, **query):
 
 # --- the database's counts ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("group", ["object", "actor", "user_agent", "source"])
+@pytest.mark.parametrize("group", list(GROUPS))
 def test_postgresql_counts_each_lane_and_bin_as_python_does(incident, group):
     _store(incident, _synthetic_rows())
     events = Event.objects.filter(incident=incident)

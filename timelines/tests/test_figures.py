@@ -9,10 +9,8 @@ import pytest
 
 from timelines.figures import (
     EDGE_SHARE,
-    LABEL_CHARS,
     LANES_PER_PAGE,
     MIN_BAR_SHARE,
-    OTHER_LANES,
     Bar,
     Bins,
     Span,
@@ -23,8 +21,8 @@ from timelines.figures import (
     hover_texts,
     microseconds,
     object_lifespans,
-    short_label,
 )
+from timelines.lanes import LABEL_CHARS, OTHER_LANES, short_label
 
 T0 = datetime(2024, 2, 1, 10, 0, tzinfo=UTC)
 

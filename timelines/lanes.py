@@ -1,0 +1,74 @@
+"""What a lane is: the row of the timeline an event is drawn on, in each grouping.
+
+One rule, read by every side that names lanes: the Gantt and the heatmap
+(``timelines.figures``), the database's count per lane (``timelines.aggregate``, from
+``LANE_SQL``), the column index (``timelines.columns``) and the API's ``lanes`` parameter.
+
+- ``object``: ``resource/namespace/name`` (the non-empty parts), an event without a resource
+  on ``(kind)`` and its namespace and name;
+- ``actor``: the user, or ``(kind)``;
+- ``user_agent`` and ``source``: the field, or ``(none)``.
+
+A heatmap shows the most active lanes and sums the others into one ``OTHER_LANES`` row; a lane
+name longer than ``LABEL_CHARS`` is shortened in the middle for its tick label
+(``short_label``), and kept whole in the figure's ``lanes``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .figures import Bar, Span
+
+# grouping (the API's ``lanes`` parameter) → its label on the page
+GROUPS = {"object": "object", "actor": "actor", "user_agent": "user agent",
+          "source": "source file"}
+OTHER_LANES = "(other lanes)"
+# Lane labels longer than this are shortened in the middle (the resource and the object's name
+# stay readable); the figure's ``lanes`` keeps the full names, which the page shows on hover.
+LABEL_CHARS = 44
+
+# ``lane_name`` in SQL, per grouping: the lane's three parts for events that have the
+# grouping's own column, the condition for those events, and the parts for the others (named
+# after their kind). The lane is its non-empty parts joined by "/".
+LANE_SQL = {
+    "object": (("resource", "namespace", "name"), "resource <> ''",
+               ("'(' || kind || ')'", "namespace", "name")),
+    "actor": (("username", "''", "''"), "username <> ''", ("'(' || kind || ')'", "''", "''")),
+    "user_agent": (("CASE WHEN user_agent = '' THEN '(none)' ELSE user_agent END", "''", "''"),
+                   None, None),
+    "source": (("CASE WHEN source = '' THEN '(none)' ELSE source END", "''", "''"), None, None),
+}
+
+
+def lane_of(span: Span | Bar, group: str) -> str:
+    """The lane of a span or bar in a grouping."""
+    return lane_name(group, span.kind, span.resource, span.namespace, span.name, span.user,
+                     span.user_agent, span.source)
+
+
+def lane_name(group: str, kind: str, resource: str, namespace: str, name: str, user: str,
+              user_agent: str, source: str) -> str:
+    """The lane of an event in a grouping, from its fields."""
+    if group == "actor":
+        return user or f"({kind})"
+    if group == "user_agent":
+        return user_agent or "(none)"
+    if group == "source":
+        return source or "(none)"
+    lane = resource or f"({kind})"
+    if namespace:
+        lane = f"{lane}/{namespace}"
+    if name:
+        lane = f"{lane}/{name}"
+    return lane
+
+
+def short_label(name: str, limit: int = LABEL_CHARS) -> str:
+    """A lane's name shortened in the middle to ``limit`` characters, keeping more of its end
+    (an object's name) than of its start (the resource)."""
+    if len(name) <= limit:
+        return name
+    head = (limit - 1) * 2 // 5
+    return f"{name[:head]}…{name[len(name) - (limit - 1 - head):]}"

@@ -254,6 +254,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A broker restart must not cancel a running ingest (Celery 6's default would): the ingest goes on
+# and the worker reconnects (timelines/tests/test_faults.py restarts Redis mid-ingest).
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TASK_TIME_LIMIT = env_int("HINDSIGHT_TASK_TIME_LIMIT", 6 * 3600)
 CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 60
 # With acks_late, a task that outlives the visibility timeout is delivered again; keep it above

@@ -18,6 +18,7 @@ from incidents.models import Upload
 from .analysis import insights
 from .ingest import fail_upload, ingest_upload, purge, settle_years
 from .ingest.bundle import finish_bundle
+from .ingest.store import analyze_time_order
 from .queries import warm_overview
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
     counted (``cache_figures``: see ``queries.warm_overview``), then its insights computed and
     stored for the new data version (``analysis.insights``)."""
     settle_years(incident_id)
+    analyze_time_order()
     warm_overview(incident_id, cache_figures=cache_figures)
     insights.refresh_after_ingest(incident_id)
     if cache_figures:  # where the cache is shared: the pod phases' facts and unfiltered answer

@@ -410,3 +410,20 @@ def analyze_incident(incident_id: int) -> None:
         found = cursor.fetchone()
     if found:
         analyze(found[0])
+
+
+def analyze_time_order() -> None:
+    """Statistics of ``received`` on the partitioned ``timelines_event`` itself, from a sample
+    of 3,000 rows across its partitions (0.12 s at 10M events).
+
+    Autovacuum analyzes the partitions, never the partitioned table. Without statistics of its
+    own the planner guesses that an incident's first page (``ORDER BY received, id``: an
+    incremental sort over ``event_request_identity``) sorts 1/200 of the incident before its
+    first row, and at 10M events chose parallel workers for it: 122 ms, 112 of them starting the
+    workers, against 0.6 ms with the statistics. ``received`` is nearly unique, kept as a
+    fraction of the rows, so the statistics stay right as the table grows."""
+    if connection.vendor != "postgresql":
+        return
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL default_statistics_target = 10")
+        cursor.execute("ANALYZE timelines_event (received)")

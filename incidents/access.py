@@ -76,8 +76,8 @@ def shared_incident_ids(user) -> frozenset[int]:
 
 
 def visible_incidents(user, queryset: QuerySet | None = None) -> QuerySet:
-    """``queryset`` (default: every incident) narrowed to what ``user`` may see.
-    ``Incident.objects.visible_to(user)`` is this."""
+    """``queryset`` (default: every incident) narrowed to what ``user`` may see: the one rule
+    every list of incidents and every query across incidents goes through."""
     incidents = Incident.objects.all() if queryset is None else queryset
     if not user.is_authenticated:
         return incidents.none()

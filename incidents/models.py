@@ -40,14 +40,6 @@ class Membership(models.Model):
         return f"{self.user} in {self.team} ({self.role})"
 
 
-class IncidentQuerySet(models.QuerySet):
-    def visible_to(self, user) -> IncidentQuerySet:
-        """Incidents the user may see; the rules are in ``incidents.access``."""
-        from .access import visible_incidents  # access imports this module
-
-        return visible_incidents(user, self)
-
-
 class Incident(models.Model):
     title = models.CharField(max_length=300)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT,
@@ -59,7 +51,6 @@ class Incident(models.Model):
     # the same key in the same team add to the same incident.
     key = models.CharField(max_length=500, blank=True)
 
-    objects = IncidentQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

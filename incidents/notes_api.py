@@ -25,11 +25,11 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from timelines.filters import ValueListField
+from timelines.filters import RFC3339Filter, ValueListField
 from timelines.models import Event
 
 from . import notes
-from .access import can_write, get_visible_incident
+from .access import can_write, get_visible_incident, visible_incidents
 from .markdown import render_markdown
 from .models import Incident, writing
 from .notes import Annotation, Sequence, SequenceStep
@@ -142,10 +142,9 @@ class AnnotationFilterSet(django_filters.rest_framework.FilterSet):
     tag = ValuesFilter(method="filter_tag", help_text="repeat to match any of several tags")
     starred = django_filters.rest_framework.BooleanFilter()
     event = django_filters.NumberFilter(field_name="event_id")
-    since = django_filters.IsoDateTimeFilter(method="filter_since",
-                                             help_text="RFC 3339; ending at or after")
-    until = django_filters.IsoDateTimeFilter(field_name="start", lookup_expr="lte",
-                                             help_text="RFC 3339; starting at or before")
+    since = RFC3339Filter(method="filter_since", help_text="RFC 3339; ending at or after")
+    until = RFC3339Filter(field_name="start", lookup_expr="lte",
+                          help_text="RFC 3339; starting at or before")
     q = django_filters.CharFilter(field_name="note", lookup_expr="icontains",
                                   help_text="text in the note")
 
@@ -220,7 +219,7 @@ class AnnotationViewSet(mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
 
     def get_queryset(self):
         return Annotation.objects.filter(
-            incident__in=Incident.objects.visible_to(self.request.user)
+            incident__in=visible_incidents(self.request.user)
         ).select_related("author", "incident")
 
     def perform_update(self, serializer) -> None:
@@ -412,7 +411,7 @@ class SequenceViewSet(mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
         # the incident with the sequence, in one query: its permission check must not load it
         # later, when it may have been deleted meanwhile
         return sequences_with_steps(Sequence.objects.filter(
-            incident__in=Incident.objects.visible_to(self.request.user)).select_related(
+            incident__in=visible_incidents(self.request.user)).select_related(
                 "incident"))
 
     def retrieve(self, request, *args, **kwargs):

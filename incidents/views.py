@@ -21,7 +21,14 @@ from timelines.lanes import GROUPS
 from timelines.models import Event
 from timelines.tasks import requeue_lost_purges, requeue_stale_uploads
 
-from .access import can_administer, can_upload, can_write, get_visible_incident, upload_teams
+from .access import (
+    can_administer,
+    can_upload,
+    can_write,
+    get_visible_incident,
+    upload_teams,
+    visible_incidents,
+)
 from .api import create_upload
 from .models import Incident, IncidentGone, Team, Upload
 
@@ -43,7 +50,7 @@ VIEW_PARAMS = ("after", "lanes", "colour", "event", "sequence", "partial", "wind
 def incident_list(request):
     if not settings.CELERY_BROKER_URL:
         requeue_lost_purges()  # embedded mode has no beat; a deletion comes back here
-    incidents = (Incident.objects.visible_to(request.user).select_related("team")
+    incidents = (visible_incidents(request.user).select_related("team")
                  .annotate(upload_count=Count("uploads", filter=Q(uploads__parent=None)),
                            # a bundle already sums its files
                            event_count=Sum("uploads__new_events",

@@ -17,8 +17,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
-from incidents.access import get_visible_incident
-from incidents.models import Incident
+from incidents.access import get_visible_incident, visible_incidents
 
 from .diff import NoVersion, diff, object_version
 from .figures import COLOURS
@@ -60,7 +59,7 @@ class EventViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = EventDetailSerializer
 
     def get_queryset(self):
-        return Event.objects.filter(incident__in=Incident.objects.visible_to(self.request.user))
+        return Event.objects.filter(incident__in=visible_incidents(self.request.user))
 
     @action(detail=True)
     def diff(self, request, pk=None):

@@ -16,7 +16,7 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 
 from hindsight.schema import FILTERED
-from incidents.access import get_visible_incident
+from incidents.access import get_visible_incident, visible_incidents
 from incidents.models import Incident
 
 from ..aggregate import span_rows
@@ -239,7 +239,7 @@ def compare_page(request, pk: int):
     """The run-against-run page: pick the other run among the incidents the user sees; the
     anchors, the two Gantts and the steps come from ``compare_api`` (static/js/compare.js)."""
     incident = get_visible_incident(request.user, pk)
-    others = (Incident.objects.visible_to(request.user).exclude(pk=incident.pk)
+    others = (visible_incidents(request.user).exclude(pk=incident.pk)
               .order_by("-created_at").values("pk", "title", "created_at"))
     against = request.GET.get("against", "")
     return render(request, "analysis/compare.html", {

@@ -123,11 +123,6 @@ def _moment(micros: int) -> datetime:
     return EPOCH + timedelta(microseconds=micros)
 
 
-def colour_of(span: Span | Bar, colour: str) -> tuple[str, str]:
-    """(legend name, colour) of a span."""
-    return _colour(span.kind, span.verb, span.code, span.end is None, colour)
-
-
 def _colour(kind: str, verb: str, code: int | None, is_open: bool,
             colour: str) -> tuple[str, str]:
     if kind != "audit":

@@ -377,10 +377,6 @@ def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[Row],
     return Event.objects.filter(incident_id=incident_id).count() - before
 
 
-def _same(value):
-    return value
-
-
 # The columns queries filter and sort on; statistics of the others (bodies of text, JSON, ids)
 # cost half of ANALYZE's time and serve no plan.
 ANALYZE_COLUMNS = ["incident_id", "received", "completed", "duration_ms", "kind", "username",

@@ -16,7 +16,7 @@ soon as its final stage is seen.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import orjson
@@ -169,16 +169,6 @@ class NativeEvents:
     def flush(self) -> Iterator[AuditRow]:
         """The requests whose final stage never came, as open spans."""
         return _flush(self.pending, self.report, self.redactor)
-
-
-def rows_from_events(events: Iterable[tuple[Any, int, bytes | None]], report: Report,
-                     redactor: Redactor | None = None) -> Iterator[AuditRow]:
-    """Rows for ``(value, line, line_bytes)`` triples of native audit events (see
-    ``NativeEvents.feed``), collapsed across all of them and flushed at the end."""
-    native = NativeEvents(report, redactor)
-    for value, number, line_bytes in events:
-        yield from native.feed(value, number, line_bytes)
-    yield from native.flush()
 
 
 def _reparse_lines(text: bytes, report: Report, redactor: Redactor,

@@ -7,16 +7,22 @@ narrows as terms are added and "the current filters plus this text" is just one 
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import django_filters
 from django import forms
 from django.core.exceptions import ValidationError
+from django.core.validators import ProhibitNullCharactersValidator
 from django.db.models import Q
+from django_filters.fields import IsoDateTimeField
 
 from .models import Event
 
 
 class ValueListField(forms.Field):
-    """All values of a repeated query parameter, empty ones dropped."""
+    """All values of a repeated query parameter, empty ones dropped. A NUL in one is refused,
+    as Django's own CharField refuses it: PostgreSQL text cannot hold one (a server error
+    schemathesis found)."""
 
     widget = forms.MultipleHiddenInput
 
@@ -28,10 +34,34 @@ class ValueListField(forms.Field):
         if value in (None, ""):
             return []
         values = value if isinstance(value, (list, tuple)) else [value]
+        for item in values:
+            ProhibitNullCharactersValidator()(item)
         try:
             return [self.cast(v.strip()) for v in values if str(v).strip() != ""]
         except (TypeError, ValueError):
             raise ValidationError(f"{values!r}: expected {self.cast.__name__} values") from None
+
+
+class UtcDateTimeField(IsoDateTimeField):
+    """An RFC 3339 time, moved to UTC: PostgreSQL refuses an offset past 15:59 (a server error
+    schemathesis found with ``since=0121-09-05T10:05:44+20:19``), and a time that UTC cannot
+    hold (year 1 with a positive offset) is a bad value, not a crash."""
+
+    def to_python(self, value):
+        parsed = super().to_python(value)
+        if parsed is None or parsed.tzinfo is None:
+            return parsed
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError(f"{value!r}: out of range", code="invalid") from None
+
+
+class RFC3339Filter(django_filters.IsoDateTimeFilter):
+    """``IsoDateTimeFilter`` whose value is a UTC time (``UtcDateTimeField``): every time filter
+    of the API is one."""
+
+    field_class = UtcDateTimeField
 
 
 class AnyOf(django_filters.Filter):
@@ -104,10 +134,10 @@ class EventFilterSet(django_filters.FilterSet):
     node = AnyOf()
     q = AllTextOf(columns=("request_uri", "message", "name"),
                   help_text="text in requestURI, message or name (any case); repeated q all match")
-    since = django_filters.IsoDateTimeFilter(field_name="received", lookup_expr="gte",
-                                             help_text="RFC 3339; received at or after")
-    until = django_filters.IsoDateTimeFilter(field_name="received", lookup_expr="lte",
-                                             help_text="RFC 3339; received at or before")
+    since = RFC3339Filter(field_name="received", lookup_expr="gte",
+                          help_text="RFC 3339; received at or after")
+    until = RFC3339Filter(field_name="received", lookup_expr="lte",
+                          help_text="RFC 3339; received at or before")
 
     class Meta:
         model = Event

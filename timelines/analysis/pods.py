@@ -238,10 +238,8 @@ def facts_of_event(resource: str, reason: str, severity: str, namespace: str, na
         field = "created" if reason == "SuccessfulCreate" else "deleted"
         return [Fact(namespace, pod, "", field, first, EVENT, f"event {reason}")]
     # any Event about a pod lists it, whether or not it gives a phase (SandboxChanged, …)
-    facts = [Fact(namespace, name, uid, "seen", first, EVENT, f"event {reason}")]
-    if reason in EVENT_FIELDS:
-        facts.append(Fact(namespace, name, uid, EVENT_FIELDS[reason], first, EVENT,
-                          f"event {reason}"))
+    facts = [Fact(namespace, name, uid, EVENT_FIELDS.get(reason, "seen"), first, EVENT,
+                  f"event {reason}")]
     if reason == "Scheduled":
         match = _ASSIGNED.match(message)
         if match:

@@ -43,6 +43,8 @@ from . import filtered, pods
 CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory
 CHUNKS_PER_QUERY = 100  # body chunks fetched at once (about 100 × 100 kB compressed)
 MAX_WITH = 8  # incidents drawn beside this one on the page
+# Filters that select whole pods, so that their answer is a part of the unfiltered one.
+POD_FILTERS = frozenset({"namespace", "name", "resource"})
 _ROW_FIELDS = ("id", "kind", "verb", "subresource", "code", "resource", "namespace", "name",
                "object_uid", "received", "reason", "severity", "count", "message", "body_chunk",
                "body_index")
@@ -68,8 +70,12 @@ def pod_phases(incident: Incident, params: QueryDict) -> bytes:
     pods, not rows: a controller's Event names its pod in its message, and a generated pod's
     name is only in the body of its create request."""
     version = aggregate.data_version(incident.pk)
-    query = sorted((name, sorted(values)) for name, values in params.lists()
-                   if name in EventFilterSet.base_filters)
+    query = sorted((name, sorted(v for v in values if v.strip())) for name, values in
+                   params.lists() if name in EventFilterSet.base_filters)
+    query = [(name, values) for name, values in query if values]
+    if query and version is not None and {name for name, _ in query} <= POD_FILTERS:
+        # A namespace or name selects whole pods: those of the unfiltered answer.
+        return _narrowed(pod_phases(incident, QueryDict()), dict(query))
     key = None
     if version is not None:
         digest = hashlib.sha256(repr((version, query)).encode()).hexdigest()[:40]
@@ -82,6 +88,16 @@ def pod_phases(incident: Incident, params: QueryDict) -> bytes:
     if key is not None:
         cache.set(key, body, CACHE_SECONDS)
     return body
+
+
+def _narrowed(body: bytes, query: dict[str, list[str]]) -> bytes:
+    if "resource" in query and "pods" not in query["resource"]:
+        return b"[]"
+    namespaces = set(query.get("namespace", ()))
+    names = set(query.get("name", ()))
+    return orjson.dumps([pod for pod in orjson.loads(body)
+                         if (not namespaces or pod["namespace"] in namespaces)
+                         and (not names or pod["name"] in names)])
 
 
 def _compute(incident: Incident, params: QueryDict, version: str | None) -> list[dict]:

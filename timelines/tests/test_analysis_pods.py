@@ -464,7 +464,11 @@ def test_filters_narrow_the_pods(api, incident, two_namespaces):
     # a generated name: its create request names no pod, its body does
     [pod] = api(url, {"name": "web-7d9f8-abcde"}).json()
     assert _answer_time(pod["created"]) == web["created"]
+    # the same with a filter of rows: counted, not taken from the unfiltered answer
+    [pod] = api(url, {"name": "web-7d9f8-abcde", "kind": "audit"}).json()
+    assert _answer_time(pod["created"]) == web["created"]
     assert api(url, {"resource": "deployments"}).json() == []
+    assert api(url, {"resource": "deployments", "kind": "audit"}).json() == []
     assert len(api(url, {"resource": "pods"}).json()) == 2
     # a window: what happened in it (web's create, binding and deletes are outside; its
     # creation is then the one its stored object says, to the second)
@@ -503,11 +507,13 @@ def test_the_end_of_an_ingest_prepares_the_pods_for_every_process(api, incident,
     url = _url(incident.pk)
     with CaptureQueriesContext(connection) as unfiltered:
         assert len(api(url).json()) == 2
-    with CaptureQueriesContext(connection) as narrowed:
-        assert len(api(url, {"namespace": "data"}).json()) == 1
+        # whole pods: a part of the unfiltered answer
+        assert [p["name"] for p in api(url, {"namespace": "data"}).json()] == ["db-0-xyzab"]
+    with CaptureQueriesContext(connection) as counted:
+        assert len(api(url, {"user": "kubelet"}).json()) == 2
     assert not [q for q in unfiltered if "timelines_event" in q["sql"]]  # the answer is kept
-    assert [q for q in narrowed if "timelines_event" in q["sql"]]
-    assert not [q for q in [*unfiltered, *narrowed] if "timelines_bodychunk" in q["sql"]]
+    assert [q for q in counted if "timelines_event" in q["sql"]]
+    assert not [q for q in [*unfiltered, *counted] if "timelines_bodychunk" in q["sql"]]
 
 
 def test_outsiders_get_404(api_as, client, outsider, incident, two_namespaces):

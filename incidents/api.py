@@ -203,6 +203,8 @@ class UploadViewSet(mixins.CreateModelMixin, mixins.RetrieveModelMixin, viewsets
             incident__in=visible_incidents(self.request.user)
         ).select_related("incident")
 
+    # A page of uploads, not one: schemathesis found the schema saying one.
+    @extend_schema(responses=UploadSerializer(many=True))
     @action(detail=True, pagination_class=FilePagination)
     def files(self, request, pk=None):
         """The files inside a bundle, each with its format, status, counts and problems."""

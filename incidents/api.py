@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import shutil
-import uuid
-from pathlib import Path
-
 from django.conf import settings
 from django.contrib import messages
 from django.db import IntegrityError, transaction
@@ -22,7 +17,7 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
-from timelines.ingest import delete_incident
+from timelines.ingest import create_upload, delete_incident
 from timelines.tasks import enqueue_ingest
 
 from .access import (
@@ -34,7 +29,7 @@ from .access import (
     visible_incidents,
 )
 from .auth import ApiRateThrottle, UploadRateThrottle
-from .models import Incident, IncidentGone, Team, Upload, writing
+from .models import Incident, Team, Upload, writing
 from .serializers import (
     GrantSerializer,
     GrantWriteSerializer,
@@ -241,6 +236,7 @@ class UploadViewSet(mixins.CreateModelMixin, mixins.RetrieveModelMixin, viewsets
                 incident = self._incident(request)
                 upload = create_upload(incident, received, request.user,
                                        idempotency_key=idempotency_key)
+                enqueue_ingest(upload.pk)
         except IntegrityError:
             # A concurrent request with the same Idempotency-Key won the unique constraint
             # (PostgreSQL waited for it to commit): answer with its upload.
@@ -325,32 +321,3 @@ def _team_for(request):
     raise PermissionDenied("You belong to no team that may upload.")
 
 
-SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def create_upload(incident: Incident, received, user, *, idempotency_key: str = "") -> Upload:
-    """Move an uploaded file (already streamed to a temporary file by Django, or in memory when
-    small) into the upload directory and queue its ingest once the transaction commits. If the
-    row cannot be made (a repeated ``idempotency_key``, ``IncidentGone``: the incident was
-    deleted meanwhile), the file is removed again."""
-    name = Path(received.name or "upload").name[:200] or "upload"
-    folder = Path(settings.UPLOAD_DIR) / uuid.uuid4().hex
-    try:
-        with writing(incident.pk):
-            folder.mkdir(parents=True, exist_ok=True)
-            target = folder / (SAFE_NAME.sub("_", name) or "upload")
-            if hasattr(received, "temporary_file_path"):
-                shutil.move(received.temporary_file_path(), target)
-            else:
-                with target.open("wb") as out:
-                    for chunk in received.chunks():
-                        out.write(chunk)
-            upload = Upload.objects.create(incident=incident, name=name, path=str(target),
-                                           path_is_copy=True, uploaded_by=user,
-                                           bytes_total=target.stat().st_size,
-                                           idempotency_key=idempotency_key)
-    except (IntegrityError, IncidentGone):
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    enqueue_ingest(upload.pk)
-    return upload

@@ -17,9 +17,10 @@ from django.views.decorators.http import require_POST
 
 from timelines.figures import KIND_COLOURS, OUTCOME_COLOURS
 from timelines.filters import EventFilterSet
+from timelines.ingest import create_upload
 from timelines.lanes import GROUPS
 from timelines.models import Event
-from timelines.tasks import requeue_lost_purges, requeue_stale_uploads
+from timelines.tasks import enqueue_ingest, requeue_lost_purges, requeue_stale_uploads
 
 from .access import (
     can_administer,
@@ -29,7 +30,6 @@ from .access import (
     upload_teams,
     visible_incidents,
 )
-from .api import create_upload
 from .models import Incident, IncidentGone, Team, Upload
 
 PAGE_ROWS = 100
@@ -113,7 +113,7 @@ def _accept_files(request, incident: Incident, files) -> None:
                                     f"{settings.MAX_UPLOAD_BYTES} bytes this server accepts.")
             continue
         try:
-            create_upload(incident, received, request.user)
+            enqueue_ingest(create_upload(incident, received, request.user).pk)
         except IncidentGone:
             raise Http404("No such incident: it has been deleted.") from None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import queue
 import threading
 import time
@@ -30,7 +29,7 @@ from django.db import (
 from django.db.models import F, Q
 from django.utils import timezone
 
-from incidents.models import Incident, IncidentGone, Upload
+from incidents.models import IncidentGone, Upload
 
 from ..bundles import is_bundle
 from ..parsers import (
@@ -417,11 +416,3 @@ class _BatchWriter:
         finally:
             close_old_connections()
             connection.close()
-
-
-def create_local_upload(incident: Incident, path: str | os.PathLike, user=None) -> Upload:
-    """An upload row for a file read in place (not copied, not deleted afterwards)."""
-    path = Path(path)
-    return Upload.objects.create(incident=incident, name=path.name, path=str(path.resolve()),
-                                 path_is_copy=False, uploaded_by=user,
-                                 bytes_total=path.stat().st_size if path.is_file() else 0)

@@ -156,7 +156,7 @@ def _remove_files(purge: IncidentPurge) -> int:
         if path.is_file():
             path.unlink(missing_ok=True)
             removed += 1
-        # Each upload has a folder of its own, named by a UUID (incidents.api.create_upload):
+        # Each upload has a folder of its own, named by a UUID (ingest.uploads.create_upload):
         # remove it too if nothing else is in it.
         if UPLOAD_FOLDER.fullmatch(path.parent.name):
             try:

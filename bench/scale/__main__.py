@@ -382,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         seconds = vacuum(incident_id)
         results["ingest"]["vacuum_analyze_seconds"] = round(seconds, 1)
         print(f"  VACUUM (ANALYZE) of the partition: {seconds:.1f} s", flush=True)
+    # What tasks.finish_incident does after every ingest (manage.py ingest ran it already): here
+    # again for a database of --reuse measured before it existed.
+    from timelines.ingest.store import analyze_time_order
+
+    analyze_time_order()
     results["storage"] = database_size(args.database_url)
     print(f"  storage: {results['storage']}", flush=True)
 

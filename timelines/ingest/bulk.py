@@ -41,14 +41,7 @@ from django.utils import timezone
 
 from incidents.models import Upload, hold_incident
 
-from .store import (
-    _MERGE_WHERE,
-    _STAGE_RANK_SQL,
-    _UPDATE_SET,
-    COLUMNS,
-    _delete_orphan_chunks,
-    analyze,
-)
+from .store import COLUMNS, MERGE_RULE, _delete_orphan_chunks, analyze
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +173,9 @@ def _dedupe_step(cursor, table: str, step, events: str) -> Counter[int | None]:
 
 
 def _dedupe(cursor, table: str) -> Counter[int | None]:
-    """One row per request identity, the one the store's merge rule keeps: the later stage, then
-    the later completion (a known one over none), then the first loaded (lower id). Then the body
-    chunks that only the deleted rows pointed at go too. Returns the rows deleted per upload."""
-    rank = _STAGE_RANK_SQL.format("t")
+    """One row per request identity, the one the store's ``MERGE_RULE`` keeps (of equals, the
+    first loaded: the lower id). Then the body chunks that only the deleted rows pointed at go
+    too. Returns the rows deleted per upload."""
     # Duplicates are few (files that overlap): find their identities with one hash aggregate and
     # rank only those, rather than sorting the whole table.
     cursor.execute(
@@ -192,7 +184,7 @@ def _dedupe(cursor, table: str) -> Counter[int | None]:
         f" HAVING count(*) > 1),"
         f" ranked AS ("
         f" SELECT t.ctid AS dup_ctid, row_number() OVER (PARTITION BY t.received, t.audit_id"
-        f" ORDER BY {rank} DESC, t.completed DESC NULLS LAST, t.id) AS n"
+        f" ORDER BY {MERGE_RULE.keep_first_sql('t', 't.id')}) AS n"
         f" FROM {table} t JOIN duplicated USING (received, audit_id))"
         f" DELETE FROM {table} t USING ranked r WHERE t.ctid = r.dup_ctid AND r.n > 1"
         f" RETURNING t.upload_id, t.body_chunk")
@@ -267,10 +259,9 @@ def _index_and_attach(cursor, incident_id: int, table: str, partition: str, step
 
 
 def _merge(cursor, table: str) -> dict[int | None, int]:
-    """Merge the (deduplicated) load table into the store with the store's rule, as
+    """Merge the (deduplicated) load table into the store with the store's ``MERGE_RULE``, as
     ``store._merge_postgres`` merges a batch; returns the new rows per upload."""
     columns = ", ".join(COLUMNS)
-    stored, incoming = _STAGE_RANK_SQL.format("e"), _STAGE_RANK_SQL.format("s")
     cursor.execute(f"SELECT array_agg(DISTINCT body_chunk) FROM {table}")
     loaded = {c for c in cursor.fetchone()[0] or () if c is not None}
     identity = ("e.incident_id = s.incident_id AND e.received = s.received"
@@ -281,14 +272,13 @@ def _merge(cursor, table: str) -> dict[int | None, int]:
         # partitioned table cannot RETURNING xmax to tell inserts from updates).
         f"WITH replaced AS ("
         f" SELECT DISTINCT e.body_chunk FROM {table} s JOIN timelines_event e ON {identity}"
-        f" WHERE {stored} < {incoming} OR ({stored} = {incoming} AND s.completed > e.completed)),"
+        f" WHERE {MERGE_RULE.replaces_sql('s', 'e')}),"
         f" fresh AS ("
         f" SELECT s.upload_id, count(*) AS n FROM {table} s WHERE NOT EXISTS"
         f" (SELECT 1 FROM timelines_event e WHERE {identity}) GROUP BY s.upload_id),"
         f" merged AS ("
         f" INSERT INTO timelines_event ({columns}) SELECT {columns} FROM {table}"
-        f" ON CONFLICT (incident_id, received, audit_id) DO UPDATE SET {_UPDATE_SET}"
-        f" WHERE {_MERGE_WHERE} RETURNING body_chunk)"
+        f" {MERGE_RULE.on_conflict()} RETURNING body_chunk)"
         f" SELECT (SELECT array_agg(ARRAY[upload_id, n]) FROM fresh),"
         f" (SELECT array_agg(DISTINCT body_chunk) FROM merged),"
         f" (SELECT array_agg(body_chunk) FROM replaced)")

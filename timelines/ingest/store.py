@@ -6,7 +6,8 @@ A batch's bodies are compressed into ``BodyChunk`` rows and the rows merged on t
 table and merged with one ``INSERT … SELECT … ON CONFLICT`` (COPY itself has no ON CONFLICT). On
 SQLite the same merge runs as ``INSERT … VALUES … ON CONFLICT`` per row.
 
-The merge rule makes ingest idempotent and order-free: a stored row is replaced only by a later
+The merge rule (``MERGE_RULE``, one object for every write path: the two COPYs, SQLite and the
+bulk load) makes ingest idempotent and order-free: a stored row is replaced only by a later
 stage of the same request (an open span by its completion) or a later sighting of the same
 evidence, so ingesting the same content again changes nothing and every event keeps its id.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 
 import orjson
 import psycopg
@@ -36,17 +38,66 @@ CHUNK_ROWS = 500  # events per compressed body chunk: small enough to read one e
 # Columns the parsers fill, in Row order, without ``raw`` (which goes to the body chunks).
 ROW_COLUMNS = [f for f in Row._fields if f != "raw"]
 COLUMNS = ["incident_id", "upload_id", *ROW_COLUMNS, "body_chunk", "body_index"]
-_STAGE_RANK_SQL = ("CASE {0}.stage WHEN 'RequestReceived' THEN 0 WHEN 'ResponseStarted' THEN 1 "
-                   "ELSE 2 END")
-# A stored row is replaced by a later stage of the same request, or by a later sighting of the
-# same evidence (an Event seen again with a higher count and a later last time).
-_UPDATE_SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c != "incident_id")
-_MERGE_WHERE = (f"({_STAGE_RANK_SQL.format('timelines_event')} < "
-                f"{_STAGE_RANK_SQL.format('EXCLUDED')} OR "
-                f"({_STAGE_RANK_SQL.format('timelines_event')} = "
-                f"{_STAGE_RANK_SQL.format('EXCLUDED')} AND "
-                f"EXCLUDED.completed > timelines_event.completed))")
 
+
+class MergeRule:
+    """How two rows of the same request identity ``(incident, received, audit_id)`` become the
+    one stored: from two files, two stages, or the same file twice. The newcomer replaces the
+    kept row only when it is
+
+    - a later stage of the request (``STAGE_RANK``: RequestReceived, ResponseStarted, then the
+      final stages; a row without a stage, any other evidence, ranks as final), or
+    - the same stage completed later (a completion over none: an Event seen again with a later
+      last time);
+
+    otherwise the row seen first stays (the same evidence again changes nothing, and every
+    event keeps its id). Every write path applies this object: ``replaces`` in Python (the
+    duplicates within a batch of rows), ``on_conflict`` and ``replaces_sql`` in SQL (every
+    ``INSERT … ON CONFLICT``: the staging table's merge, SQLite's, the bulk load's; and which
+    stored body chunks a merge replaces), ``keep_first_sql`` to pick one row of a group of
+    duplicates (the staging table, the bulk load's table)."""
+
+    identity = ("incident_id", "received", "audit_id")
+
+    def rank(self, stage: str) -> int:
+        return STAGE_RANK.get(stage, _FINAL_RANK)
+
+    def replaces(self, new: Row, kept: Row) -> bool:
+        """Whether ``new`` replaces ``kept`` (rows of the same identity)."""
+        new_rank, kept_rank = self.rank(new.stage), self.rank(kept.stage)
+        if new_rank != kept_rank:
+            return new_rank > kept_rank
+        return new.completed is not None and (kept.completed is None
+                                              or new.completed > kept.completed)
+
+    def rank_sql(self, alias: str) -> str:
+        whens = " ".join(f"WHEN '{stage}' THEN {rank}" for stage, rank in STAGE_RANK.items()
+                         if rank != _FINAL_RANK)
+        return f"CASE {alias}.stage {whens} ELSE {_FINAL_RANK} END"
+
+    def replaces_sql(self, new: str, kept: str) -> str:
+        """``replaces`` as an SQL condition on two row aliases."""
+        new_rank, kept_rank = self.rank_sql(new), self.rank_sql(kept)
+        return (f"({kept_rank} < {new_rank} OR ({kept_rank} = {new_rank} AND"
+                f" {new}.completed IS NOT NULL AND ({kept}.completed IS NULL"
+                f" OR {new}.completed > {kept}.completed)))")
+
+    def keep_first_sql(self, alias: str, seen: str) -> str:
+        """ORDER BY terms that put first, among rows of one identity, the row the rule keeps:
+        the latest stage, then the latest completion (a completion over none), then the first
+        seen (``seen``: ascending in the order the rows came)."""
+        return f"{self.rank_sql(alias)} DESC, {alias}.completed DESC NULLS LAST, {seen}"
+
+    def on_conflict(self, table: str = "timelines_event") -> str:
+        """The ``ON CONFLICT`` clause of an ``INSERT INTO table``: the rule, with every column
+        but the incident taken from the newcomer."""
+        update = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c != "incident_id")
+        return (f"ON CONFLICT ({', '.join(self.identity)}) DO UPDATE SET {update}"
+                f" WHERE {self.replaces_sql('EXCLUDED', table)}")
+
+
+_FINAL_RANK = max(STAGE_RANK.values())
+MERGE_RULE = MergeRule()
 
 
 def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
@@ -124,14 +175,14 @@ def copy_affixes(incident_id: int, upload_id: int | None, source: str) -> tuple[
 
 
 def _latest_per_request(rows: Sequence[Row]) -> Sequence[Row]:
-    """One row per request identity, the latest stage winning. A batch rarely repeats a request
-    (a file holding the same lines twice), but one INSERT … ON CONFLICT must not touch a row
-    twice."""
-    latest: dict[tuple[str, object], Row] = {}
+    """One row per request identity, the one ``MERGE_RULE`` keeps. A batch rarely repeats a
+    request (a file holding the same lines twice), but one INSERT … ON CONFLICT must not touch
+    a row twice."""
+    latest: dict[tuple[str, datetime], Row] = {}
     for row in rows:
         key = (row.audit_id, row.received)
         kept = latest.get(key)
-        if kept is None or STAGE_RANK.get(row.stage, 2) >= STAGE_RANK.get(kept.stage, 2):
+        if kept is None or MERGE_RULE.replaces(row, kept):
             latest[key] = row
     return rows if len(latest) == len(rows) else list(latest.values())
 
@@ -311,7 +362,7 @@ def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
             f" SELECT DISTINCT e.body_chunk FROM {_STAGE_TABLE} s JOIN timelines_event e"
             f" ON e.incident_id = s.incident_id AND e.received = s.received"
             f" AND e.audit_id = s.audit_id"
-            f" WHERE {_STAGE_RANK_SQL.format('e')} < {_STAGE_RANK_SQL.format('s')}),"
+            f" WHERE {MERGE_RULE.replaces_sql('s', 'e')}),"
             # New requests are counted before the insert (the statement's one snapshot):
             # a partitioned table cannot return xmax to tell inserts from updates.
             f" fresh AS ("
@@ -322,13 +373,12 @@ def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
             f" merged AS ("
             f" INSERT INTO timelines_event ({columns})"
             # One row per request: a batch of COPY rows may repeat one (a file holding the same
-            # lines twice), and ON CONFLICT cannot touch a row twice. The later stage wins.
+            # lines twice), and ON CONFLICT cannot touch a row twice: the one the rule keeps
+            # (rows come in body order).
             f" SELECT DISTINCT ON (incident_id, received, audit_id) {columns} FROM {_STAGE_TABLE}"
             f" ORDER BY incident_id, received, audit_id,"
-            f" {_STAGE_RANK_SQL.format(_STAGE_TABLE)} DESC, completed DESC NULLS LAST,"
-            f" body_chunk DESC, body_index DESC"
-            f" ON CONFLICT (incident_id, received, audit_id) DO UPDATE SET {_UPDATE_SET}"
-            f" WHERE {_MERGE_WHERE}"
+            f" {MERGE_RULE.keep_first_sql(_STAGE_TABLE, 'body_chunk, body_index')}"
+            f" {MERGE_RULE.on_conflict()}"
             f" RETURNING body_chunk)"
             f" SELECT (SELECT n FROM fresh), (SELECT array_agg(DISTINCT body_chunk) FROM merged),"
             f" (SELECT array_agg(body_chunk) FROM replaced)"
@@ -354,7 +404,7 @@ def _delete_orphan_chunks(cursor, candidates: list[int]) -> None:
 
 def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[Row],
                    chunk_ids: list[int]) -> int:
-    """The SQLite path: same merge rule, row by row. Simpler and slower, correct."""
+    """The SQLite path: the same ``MERGE_RULE``, row by row. Simpler and slower, correct."""
     columns = ", ".join(COLUMNS)
     placeholders = ", ".join(["%s"] * len(COLUMNS))
     ops = connection.ops
@@ -365,8 +415,7 @@ def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[Row],
     with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO timelines_event ({columns}) VALUES ({placeholders})"
-            f" ON CONFLICT (incident_id, received, audit_id) DO UPDATE SET {_UPDATE_SET}"
-            f" WHERE {_MERGE_WHERE}",
+            f" {MERGE_RULE.on_conflict()}",
             list(_values(incident_id, upload_id, rows, chunk_ids,
                          ops.adapt_datetimefield_value, lambda v: orjson.dumps(v).decode())),
         )

@@ -1,6 +1,7 @@
-// Incident page: the insights panel. Lists the incident's findings (GET …/insights/, stored
-// once per data version), the most severe first, each with its one-line explanation and its
-// evidence: "show on the timeline" opens the page filtered to the insight's events (id=…, or
+// Incident page: the insights. One line under the title counts the incident's findings (GET
+// …/insights/, stored once per data version) and names the most severe; opened, the list lies
+// over the page (the timeline below never moves), the most severe first, each with its
+// one-line explanation and its evidence: "show on the timeline" opens the page filtered to the insight's events (id=…, or
 // the insight's own filters when it names more events than a URL should carry). Writers can
 // start a root-cause sequence from an insight: its events become the steps, in time order.
 document.addEventListener("DOMContentLoaded", () => {
@@ -10,6 +11,8 @@ document.addEventListener("DOMContentLoaded", () => {
   if (!panel) return;
   const list = document.getElementById("insights-list");
   const status = document.getElementById("insights-status");
+  const top = document.getElementById("insights-top");
+  const SHOWN_ON_THE_LINE = 3;
   const canWrite = panel.dataset.canWrite === "1";
   // ids in a link: ~11 characters each, so that the URL stays well under the 4 KiB request
   // line that servers such as gunicorn accept
@@ -109,8 +112,18 @@ document.addEventListener("DOMContentLoaded", () => {
     const counts = {};
     for (const item of found) counts[item.severity] = (counts[item.severity] || 0) + 1;
     status.textContent = found.length ? ["critical", "warning", "info"].filter((s) => counts[s])
-      .map((s) => counts[s] + " " + s).join(" · ") : "no findings";
+      .map((s) => counts[s] + " " + s).join(" · ") + ":" : "no findings (open to see what was checked)";
+    top.replaceChildren(...found.slice(0, SHOWN_ON_THE_LINE).map((item) => el(
+      "span", {class: "insight-chip severity-" + item.severity}, item.title)));
   }
+
+  // the list lies over the page: Escape or a click elsewhere closes it
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && panel.open) panel.open = false;
+  });
+  document.addEventListener("click", (e) => {
+    if (panel.open && !panel.contains(e.target)) panel.open = false;
+  });
 
   load();
 });

@@ -469,6 +469,14 @@ def test_the_panel_shows_the_insights_and_a_click_puts_their_events_on_the_timel
     create = next(r for r in falco if (r["verb"], r["name"]) == ("create", "some-reader")
                   and r["received"] > delete["received"])
     page = open_page(owner, f"/incidents/{incident.pk}/")
+    # one line under the title: the counts and the most severe findings
+    page.wait_for_selector("#insights-top .insight-chip")
+    assert page.eval_on_selector_all("#insights-top .insight-chip", "chips => chips.map("
+                                     "c => c.textContent)") == [i["title"] for i in found[:3]]
+    counts = Counter(i["severity"] for i in found)
+    assert page.text_content("#insights-status") == " · ".join(
+        f"{counts[s]} {s}" for s in ("critical", "warning", "info") if counts[s]) + ":"
+    page.click("#insights > summary")  # the list opens over the page
     page.wait_for_selector("#insights-list li.insight")
     shown = page.eval_on_selector_all(
         "#insights-list li.insight", "items => items.map(i => i.querySelector("
@@ -492,6 +500,7 @@ def test_the_panel_shows_the_insights_and_a_click_puts_their_events_on_the_timel
 def test_a_reader_sees_no_sequence_button(open_page, teammate, incident, falco):
     insights.refresh(incident.pk)
     page = open_page(teammate, f"/incidents/{incident.pk}/")
+    page.click("#insights > summary")
     page.wait_for_selector("#insights-list li.insight")
     assert page.locator("#insights-list button.start-sequence").count() == 0
 
@@ -502,6 +511,7 @@ def test_start_a_sequence_from_the_panel_opens_it_on_the_timeline(open_page, own
     found = insights.refresh(incident.pk).insights
     [recreated] = [i for i in of_kind(found, "recreated-object") if i["name"] == "some-reader"]
     page = open_page(owner, f"/incidents/{incident.pk}/")
+    page.click("#insights > summary")
     item = page.locator(f'#insights-list li[data-insight="{recreated["id"]}"]')
     item.locator("button.start-sequence").click()
     page.wait_for_url("**sequence=*")

@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Q
-from django.utils import timezone
-
-from incidents.models import Upload
+from django.db import connection, transaction
 
 from .analysis import insights
-from .ingest import fail_upload, ingest_upload, purge, settle_years
-from .ingest.bundle import finish_bundle
+from .ingest import fail_upload, ingest_upload, purge, settle_years, uploads
+from .ingest.pipeline import TRANSIENT_ERRORS
 from .ingest.store import analyze_time_order
 from .queries import warm_overview
 
 log = logging.getLogger(__name__)
-TRANSIENT = (OperationalError, InterfaceError)
 
 
 @shared_task(
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,  # a killed worker's upload is delivered again and re-run
-    autoretry_for=TRANSIENT,
+    autoretry_for=TRANSIENT_ERRORS,
     retry_backoff=5,
     retry_backoff_max=300,
     retry_jitter=True,
@@ -41,7 +35,7 @@ def ingest_upload_task(self, upload_id: int) -> None:
     worker holds it, does nothing. Retries database errors with backoff; the run is idempotent.
     Delivered again after its worker died (``reject_on_worker_lost``) once too often, it fails
     the upload: a file that kills its worker every time (out of memory) must not loop."""
-    if _lost_too_often(upload_id, self.request.id):
+    if uploads.lost_too_often(upload_id, self.request.id):
         return
     try:
         upload = ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn)
@@ -49,7 +43,7 @@ def ingest_upload_task(self, upload_id: int) -> None:
         fail_upload(upload_id, f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
                                "and was stopped; the events stored so far are kept")
         return
-    except TRANSIENT as exc:
+    except TRANSIENT_ERRORS as exc:
         if self.request.retries >= self.max_retries:
             fail_upload(upload_id, f"database unavailable after {self.max_retries} retries: {exc}")
         raise
@@ -61,7 +55,7 @@ def ingest_upload_task(self, upload_id: int) -> None:
         warm_overview_task.delay(upload.incident_id)
 
 
-@shared_task(soft_time_limit=600, time_limit=660, autoretry_for=TRANSIENT, retry_backoff=5,
+@shared_task(soft_time_limit=600, time_limit=660, autoretry_for=TRANSIENT_ERRORS, retry_backoff=5,
              retry_jitter=True, max_retries=3)
 def warm_overview_task(incident_id: int) -> None:
     """Once an incident's uploads have all finished: move the logs whose year was guessed to the
@@ -89,21 +83,6 @@ def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
         pods_views.warm(incident_id)
 
 
-def _lost_too_often(upload_id: int, claimant: str | None) -> bool:
-    """True, and the upload failed, if this task's earlier runs claimed it
-    ``UPLOAD_MAX_ATTEMPTS`` times and none ended: still ``running``, claimed by this task, with
-    the heartbeat that a run clears when it ends in an error to retry."""
-    lost = Upload.objects.filter(
-        pk=upload_id, status=Upload.Status.RUNNING, claimed_by=claimant or "-",
-        heartbeat_at__isnull=False, attempts__gte=settings.UPLOAD_MAX_ATTEMPTS,
-    ).values_list("attempts", flat=True).first()
-    if lost is None:
-        return False
-    fail_upload(upload_id, f"the ingest worker was lost {lost} times; "
-                           "the events stored so far are kept")
-    return True
-
-
 def _reason(exc: Exception) -> str:
     """What went wrong, for the user: an OS error's own words (``No space left on device``)
     without the server's paths, else the exception."""
@@ -119,40 +98,15 @@ def _spawn(upload_ids: list[int]) -> None:
 
 @shared_task
 def requeue_stale_uploads() -> int:
-    """Give uploads whose worker was lost (no heartbeat for ``UPLOAD_STALE_SECONDS``) to a new
-    worker, or fail them after ``UPLOAD_MAX_ATTEMPTS``, so that none stays ``running`` forever.
-    Returns how many were requeued or failed."""
-    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
-    # An unpacked bundle is not lost while its files are being ingested: its files are watched
-    # one by one, and the last to finish closes it; close any whose closing was missed.
-    count = 0
-    for bundle_id in Upload.objects.filter(status=Upload.Status.RUNNING, format="bundle",
-                                           heartbeat_at__lt=stale).values_list("pk", flat=True):
-        count += finish_bundle(bundle_id, file_finished=False)
-    # A bundle's waiting files are not lost while the bundle moves (its heartbeat is fresh as
-    # long as files finish): they are queued behind each other, not missing from the queue.
-    waiting_too_long = Q(status=Upload.Status.PENDING, created_at__lt=stale, heartbeat_at=None) & (
-        Q(parent=None) | Q(parent__heartbeat_at__lt=stale))
-    lost = Upload.objects.filter(
-        Q(status=Upload.Status.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
-        | waiting_too_long
-    ).exclude(format="bundle")
-    for upload in lost.only("pk", "attempts", "status"):
-        count += 1
-        if upload.attempts >= settings.UPLOAD_MAX_ATTEMPTS:
-            fail_upload(upload.pk, f"the ingest worker was lost {upload.attempts} times; "
-                                   "the events stored so far are kept")
-            continue
-        Upload.objects.filter(pk=upload.pk, status=upload.status).update(
-            status=Upload.Status.PENDING, claimed_by="", heartbeat_at=timezone.now())
-        enqueue_ingest(upload.pk)
-    return count
+    """Give uploads whose worker was lost to a new worker, or fail them
+    (``ingest.uploads.requeue_stale``); the beat runs it every minute. Returns how many."""
+    return uploads.requeue_stale(enqueue_ingest)
 
 
 @shared_task(
     acks_late=True,
     reject_on_worker_lost=True,
-    autoretry_for=TRANSIENT,  # also a partition whose lock did not come within a second
+    autoretry_for=TRANSIENT_ERRORS,  # also a partition whose lock did not come within a second
     retry_backoff=5,
     retry_backoff_max=300,
     retry_jitter=True,

@@ -141,7 +141,8 @@ class UploadGone(Exception):
 
 
 # Errors of the connection, not of what was sent: another try may succeed. psycopg's own are
-# listed too: a COPY goes to psycopg directly, and its errors are not Django's.
+# listed too: a COPY goes to psycopg directly, and its errors are not Django's. The one list of
+# transient errors: the tasks retry these (``timelines.tasks``).
 TRANSIENT_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError,
                     psycopg.InterfaceError)
 # SQLSTATE classes of the server's passing troubles: connection (08), transaction rollback

@@ -5,6 +5,10 @@ incident page: moved into a folder of its own under ``UPLOAD_DIR``, deleted with
 ``create_local_upload`` for a file read where it lies (``manage.py ingest``, tests: never
 copied, never deleted). Neither starts the ingest: the caller queues it
 (``timelines.tasks.enqueue_ingest``, in the same transaction) or runs it (``ingest_upload``).
+
+And the end of an upload whose worker was lost: ``requeue_stale``, the sweep the beat runs,
+gives it to a new worker or fails it after ``UPLOAD_MAX_ATTEMPTS``; ``lost_too_often``, the
+same limit for a task delivered again after its worker died.
 """
 
 from __future__ import annotations
@@ -13,12 +17,19 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError
+from django.db.models import Q
+from django.utils import timezone
 
 from incidents.models import Incident, IncidentGone, Upload, writing
+
+from .bundle import finish_bundle
+from .pipeline import fail_upload
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -56,3 +67,52 @@ def create_local_upload(incident: Incident, path: str | os.PathLike, user=None) 
     return Upload.objects.create(incident=incident, name=path.name, path=str(path.resolve()),
                                  path_is_copy=False, uploaded_by=user,
                                  bytes_total=path.stat().st_size if path.is_file() else 0)
+
+
+def requeue_stale(enqueue: Callable[[int], None]) -> int:
+    """Give uploads whose worker was lost (no heartbeat for ``UPLOAD_STALE_SECONDS``) to a new
+    worker (``enqueue(upload_id)``), or fail them after ``UPLOAD_MAX_ATTEMPTS``, so that none
+    stays ``running`` forever. Returns how many were requeued or failed."""
+    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
+    # An unpacked bundle is not lost while its files are being ingested: its files are watched
+    # one by one, and the last to finish closes it; close any whose closing was missed.
+    count = 0
+    for bundle_id in Upload.objects.filter(status=Upload.Status.RUNNING, format="bundle",
+                                           heartbeat_at__lt=stale).values_list("pk", flat=True):
+        count += finish_bundle(bundle_id, file_finished=False)
+    # A bundle's waiting files are not lost while the bundle moves (its heartbeat is fresh as
+    # long as files finish): they are queued behind each other, not missing from the queue.
+    waiting_too_long = Q(status=Upload.Status.PENDING, created_at__lt=stale, heartbeat_at=None) & (
+        Q(parent=None) | Q(parent__heartbeat_at__lt=stale))
+    lost = Upload.objects.filter(
+        Q(status=Upload.Status.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
+        | waiting_too_long
+    ).exclude(format="bundle")
+    for upload in lost.only("pk", "attempts", "status"):
+        count += 1
+        if upload.attempts >= settings.UPLOAD_MAX_ATTEMPTS:
+            _fail_lost(upload.pk, upload.attempts)
+            continue
+        Upload.objects.filter(pk=upload.pk, status=upload.status).update(
+            status=Upload.Status.PENDING, claimed_by="", heartbeat_at=timezone.now())
+        enqueue(upload.pk)
+    return count
+
+
+def lost_too_often(upload_id: int, claimant: str | None) -> bool:
+    """True, and the upload failed, if a task's earlier runs (``claimant``: its id) claimed it
+    ``UPLOAD_MAX_ATTEMPTS`` times and none ended: still ``running``, claimed by this task, with
+    the heartbeat that a run clears when it ends in an error to retry."""
+    lost = Upload.objects.filter(
+        pk=upload_id, status=Upload.Status.RUNNING, claimed_by=claimant or "-",
+        heartbeat_at__isnull=False, attempts__gte=settings.UPLOAD_MAX_ATTEMPTS,
+    ).values_list("attempts", flat=True).first()
+    if lost is None:
+        return False
+    _fail_lost(upload_id, lost)
+    return True
+
+
+def _fail_lost(upload_id: int, attempts: int) -> None:
+    fail_upload(upload_id, f"the ingest worker was lost {attempts} times; "
+                           "the events stored so far are kept")

@@ -66,16 +66,13 @@ def _with_body() -> Q:
 
 def pod_phases(incident: Incident, params: QueryDict) -> bytes:
     """The pods of the incident's evidence that matches the events filters in ``params``, as
-    the API answers them, JSON (cached per data version and query). ``resource`` and ``name`` select
-    pods, not rows: a controller's Event names its pod in its message, and a generated pod's
-    name is only in the body of its create request."""
+    the API answers them, JSON (cached per data version and query). ``resource`` and ``name``
+    select pods, not rows: a controller's Event names its pod in its message, and a generated
+    pod's name is only in the body of its create request."""
     version = aggregate.data_version(incident.pk)
     query = sorted((name, sorted(v for v in values if v.strip())) for name, values in
                    params.lists() if name in EventFilterSet.base_filters)
     query = [(name, values) for name, values in query if values]
-    if query and version is not None and {name for name, _ in query} <= POD_FILTERS:
-        # A namespace or name selects whole pods: those of the unfiltered answer.
-        return _narrowed(pod_phases(incident, QueryDict()), dict(query))
     key = None
     if version is not None:
         digest = hashlib.sha256(repr((version, query)).encode()).hexdigest()[:40]
@@ -83,8 +80,12 @@ def pod_phases(incident: Incident, params: QueryDict) -> bytes:
         body = cache.get(key)
         if body is not None:
             return body
-    with _no_collection():
-        body = orjson.dumps(_compute(incident, params, version))
+    if query and version is not None and {name for name, _ in query} <= POD_FILTERS:
+        # A namespace or name selects whole pods: those of the unfiltered answer.
+        body = _narrowed(pod_phases(incident, QueryDict()), dict(query))
+    else:
+        with _no_collection():
+            body = orjson.dumps(_compute(incident, params, version))
     if key is not None:
         cache.set(key, body, CACHE_SECONDS)
     return body

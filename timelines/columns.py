@@ -71,6 +71,7 @@ _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 # (``duration.npy``, for the request statistics of ``timelines.analysis.stats``).
 _FORMAT = 3
 _LOADED_MAX = 4  # indexes kept open per process
+_SPAN_BLOCK = 4096  # events tested first from each end by ``ColumnIndex.span``
 
 
 def root() -> Path:
@@ -322,11 +323,22 @@ class ColumnIndex:
         form gives them: a repeated value ORs, parameters AND) received within the window.
         The events being in time order, the window is a slice: a zoomed query tests only the
         events inside it."""
+        start, stop = self._slice(since, until)
+        signatures = self._matching(filters)
+        mask = None if signatures is None else signatures[self.signature[start:stop]]
+        count = stop - start if mask is None else int(np.count_nonzero(mask))
+        return Window(mask, count, start, stop)
+
+    def _slice(self, since: datetime | None, until: datetime | None) -> tuple[int, int]:
+        """The positions ``start:stop`` of the events received within since..until."""
         start = int(np.searchsorted(self.received, microseconds(since), "left")) if since else 0
         stop = int(np.searchsorted(self.received, microseconds(until), "right")) if until \
             else self.events
-        stop = max(start, stop)
-        signatures: np.ndarray | None = None  # which signatures match
+        return start, max(start, stop)
+
+    def _matching(self, filters: Mapping[str, list]) -> np.ndarray | None:
+        """Which signatures match ``filters`` (one bool per signature; None: no filter)."""
+        signatures: np.ndarray | None = None
         for name, values in filters.items():
             if not values:
                 continue
@@ -334,9 +346,39 @@ class ColumnIndex:
             known = self._codes[field]
             match = np.isin(self._fields[field], [known[v] for v in values if v in known])
             signatures = match if signatures is None else (signatures & match)
-        mask = None if signatures is None else signatures[self.signature[start:stop]]
-        count = stop - start if mask is None else int(np.count_nonzero(mask))
-        return Window(mask, count, start, stop)
+        return signatures
+
+    def span(self, filters: Mapping[str, list], since: datetime | None,
+             until: datetime | None) -> tuple[int, int] | None:
+        """``received`` (µs) of the first and of the last event that ``select`` would select,
+        None when none would. No event is looked at when no signature matches; otherwise the
+        events are tested in blocks growing from each end of the window, so a value found near
+        both ends costs a few thousand tests, not one per event (the events list narrows its
+        query to this span, ``timelines.api``)."""
+        start, stop = self._slice(since, until)
+        signatures = self._matching(filters)
+        if start == stop or (signatures is not None and not signatures.any()):
+            return None
+        if signatures is None:
+            return int(self.received[start]), int(self.received[stop - 1])
+        first = last = None
+        block, begin = _SPAN_BLOCK, start
+        while first is None and begin < stop:
+            end = min(stop, begin + block)
+            hits = signatures[self.signature[begin:end]]
+            at = int(hits.argmax())
+            first = begin + at if hits[at] else None
+            begin, block = end, block * 4
+        if first is None:
+            return None
+        block, end = _SPAN_BLOCK, stop
+        while last is None:  # found at the latest at ``first``
+            begin = max(first, end - block)
+            hits = signatures[self.signature[begin:end]][::-1]
+            at = int(hits.argmax())
+            last = end - 1 - at if hits[at] else None
+            end, block = begin, block * 4
+        return int(self.received[first]), int(self.received[last])
 
     def lane_counts(self, window: Window, group: str, *, since: datetime | None = None,
                     until: datetime | None = None, bins: int = HEATMAP_BINS,

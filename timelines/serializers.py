@@ -32,3 +32,38 @@ class EventDetailSerializer(EventSerializer):
 
     def get_body(self, event: Event) -> dict | None:
         return event.body()
+
+
+def _time(value, zone) -> str | None:
+    """A time as ``serializers.DateTimeField`` gives it: ISO 8601 in the current time zone, UTC
+    written ``Z``."""
+    if value is None:
+        return None
+    text = value.astimezone(zone).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+# ``EventSerializer``'s fields as columns of ``Event.objects.values()``
+LIST_COLUMNS = tuple("username" if f == "user" else f for f in EventSerializer.Meta.fields)
+
+
+def event_rows(rows) -> list[dict]:
+    """``EventSerializer(many=True).data`` of rows of ``Event.objects.values(*LIST_COLUMNS)``,
+    value for value, without a serializer field per value: 100 events in a fraction of the
+    time (``timelines/tests/test_events_index.py`` compares the two on the fixtures)."""
+    from django.utils import timezone
+
+    zone = timezone.get_current_timezone()
+    answer = []
+    for row in rows:
+        item = {field: row[column] for field, column in zip(EventSerializer.Meta.fields,
+                                                             LIST_COLUMNS, strict=True)}
+        if item["kind"] != Event.Kind.AUDIT:
+            item["audit_id"] = None
+        item["groups"] = [str(group) for group in item["groups"]]
+        item["received"] = _time(item["received"], zone)
+        item["completed"] = _time(item["completed"], zone)
+        if item["duration_ms"] is not None:
+            item["duration_ms"] = float(item["duration_ms"])
+        answer.append(item)
+    return answer

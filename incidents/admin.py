@@ -26,10 +26,10 @@ class IncidentAdmin(admin.ModelAdmin):
 
 @admin.register(Upload)
 class UploadAdmin(admin.ModelAdmin):
-    list_display = ["name", "incident", "status", "events", "skipped_lines", "redacted",
+    list_display = ["name", "incident", "status", "event_count", "skipped_lines", "redacted",
                     "created_at"]
     list_filter = ["status"]
-    readonly_fields = ["bytes_read", "bytes_total", "events", "new_events", "skipped_lines",
+    readonly_fields = ["bytes_read", "bytes_total", "event_count", "new_events", "skipped_lines",
                        "redacted", "errors", "message", "attempts", "claimed_by", "started_at",
                        "finished_at", "heartbeat_at"]
 

@@ -131,7 +131,7 @@ class Upload(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     bytes_total = models.BigIntegerField(default=0)
     bytes_read = models.BigIntegerField(default=0)
-    events = models.BigIntegerField(default=0)  # requests parsed from the file
+    event_count = models.BigIntegerField(default=0)  # requests parsed from the file
     new_events = models.BigIntegerField(default=0)  # of which were not in the incident yet
     skipped_lines = models.BigIntegerField(default=0)
     redacted = models.BigIntegerField(default=0)

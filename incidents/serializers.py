@@ -78,6 +78,9 @@ class UploadSerializer(serializers.ModelSerializer):
     incident_url = serializers.SerializerMethodField(help_text="the incident's page")
     progress = serializers.SerializerMethodField()
     files = serializers.SerializerMethodField(help_text="a bundle's files, by status")
+    # the model's event_count; "events" is the API's name for it
+    events = serializers.IntegerField(source="event_count", read_only=True,
+                                      help_text="events read from the file")
 
     class Meta:
         model = Upload

@@ -105,7 +105,7 @@ def build(fixtures: list[Path], requests: int, *, rate: float, objects: int, see
             batch = []
     if batch:
         write_rows(incident.pk, upload.pk, batch)
-    Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.DONE, events=requests,
+    Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.DONE, event_count=requests,
                                                new_events=requests, finished_at=timezone.now())
     return Built(incident.pk, requests, time.perf_counter() - started, len(templates), START,
                  START + timedelta(microseconds=micros), usernames, len(names))

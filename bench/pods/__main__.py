@@ -186,7 +186,7 @@ def add_pods(incident_id: int, pods: int, first, last, seed: int) -> dict:
         for at in range(0, len(batch), 5000):
             write_rows(incident_id, upload.pk, batch[at:at + 5000])
         rows += len(batch)
-    Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.DONE, events=rows,
+    Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.DONE, event_count=rows,
                                                new_events=rows, finished_at=timezone.now())
     return {"pods": pods, "rows": rows, "seconds": round(time.perf_counter() - started, 1)}
 

@@ -240,7 +240,7 @@ def many_events(clone_events) -> Path:
 
 
 def test_next_page_link_shows_the_rest(owner_client, incident, ingest_file, many_events):
-    assert ingest_file(incident, many_events).events == 130
+    assert ingest_file(incident, many_events).event_count == 130
     expected = {f"{many_events.name}:{n}" for n in range(1, 131)}
 
     first = owner_client.get(incident.get_absolute_url())

@@ -82,7 +82,7 @@ def test_uploaded_file_is_ingested_and_its_copy_deleted(
 
     assert result.status == "done"
     expected = requests_in(demo_log)
-    assert result.events == result.new_events == len(expected)
+    assert result.event_count == result.new_events == len(expected)
     assert Event.objects.filter(incident=upload.incident).count() == len(expected)
     assert not copy.exists()
     assert result.path == ""

@@ -96,7 +96,7 @@ def finish_bundle(bundle_id: int, *, file_finished: bool = True) -> bool:
         if file_finished:
             _update_progress(bundle_id)
         return False
-    totals = files.aggregate(events=Sum("events"), new_events=Sum("new_events"),
+    totals = files.aggregate(event_count=Sum("event_count"), new_events=Sum("new_events"),
                              skipped_lines=Sum("skipped_lines"), redacted=Sum("redacted"),
                              bytes_read=Sum("bytes_total"))
     errors: list[str] = []
@@ -134,6 +134,7 @@ def _update_progress(bundle_id: int) -> None:
         return
     finished = Upload.objects.filter(parent_id=bundle_id).exclude(
         status__in=[Upload.Status.PENDING, Upload.Status.RUNNING])
-    done = finished.aggregate(bytes=Sum("bytes_total"), events=Sum("events"))
+    done = finished.aggregate(bytes=Sum("bytes_total"), event_count=Sum("event_count"))
     Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).update(
-        bytes_read=done["bytes"] or 0, events=done["events"] or 0, heartbeat_at=timezone.now())
+        bytes_read=done["bytes"] or 0, event_count=done["event_count"] or 0,
+        heartbeat_at=timezone.now())

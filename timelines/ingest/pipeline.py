@@ -206,7 +206,7 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     report = Report(upload.name)
     head = read_head(path)
     parser = detect(head, upload.name)
-    Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, events=0,
+    Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, event_count=0,
                                                format=parser.name if parser else "")
     if parser is None:
         reason = describe_unknown(path, head)
@@ -280,7 +280,7 @@ def _hints(stored: dict) -> ParseHints | None:
 
 def _finish(upload: Upload, status: str, report: Report, *, message: str = "", rows: int = 0,
             new: int = 0, bytes_read: int | None = None) -> None:
-    fields = dict(status=status, message=message, events=rows, new_events=new,
+    fields = dict(status=status, message=message, event_count=rows, new_events=new,
                   skipped_lines=report.skipped, redacted=report.redacted, errors=report.errors,
                   notes=report.notes, finished_at=timezone.now(), heartbeat_at=timezone.now(),
                   hints=record_guess(upload.hints, report.year_guess))
@@ -313,7 +313,7 @@ class _Progress:
             return
         self.last = now
         if not Upload.objects.filter(pk=self.upload_id).update(
-                bytes_read=bytes_read, events=rows, skipped_lines=self.report.skipped,
+                bytes_read=bytes_read, event_count=rows, skipped_lines=self.report.skipped,
                 redacted=self.report.redacted, heartbeat_at=timezone.now()):
             raise UploadGone(f"upload {self.upload_id} was deleted")
         if self.on_progress is not None:

@@ -27,7 +27,7 @@ def test_the_gantt_draws_the_fixture_incident(open_page, owner, incident, ingest
     page.wait_for_function(
         "document.getElementById('gantt-status').textContent.includes('events on')")
     status = page.text_content("#gantt-status")
-    assert f"{upload.events} events on" in status
+    assert f"{upload.event_count} events on" in status
     # WebGL drew the bars: the gl canvas exists and has a non-zero size
     size = page.evaluate("""() => { const c = document.querySelector('#gantt canvas');
                                     return c ? c.width * c.height : 0; }""")

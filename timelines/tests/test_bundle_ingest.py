@@ -82,7 +82,7 @@ def test_the_bundle_is_closed_by_its_last_file_and_its_work_directory_removed(bu
     files = list(upload.files.all())
     assert upload.status == Upload.Status.DONE, upload.message
     assert upload.format == "bundle"
-    assert upload.events == sum(f.events for f in files) > 0
+    assert upload.event_count == sum(f.event_count for f in files) > 0
     assert "1 of 4 files failed" in upload.message
     assert not work_dir(upload).exists()
     assert bundle.exists()  # a file given on the command line is never deleted

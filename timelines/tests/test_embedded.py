@@ -100,7 +100,7 @@ def test_an_api_upload_is_ingested_in_a_thread_of_the_web_process(client, owner,
 
     upload = Upload.objects.get(pk=upload_id)
     assert upload.status == Upload.Status.DONE, upload.message
-    assert upload.events == len(requests_in(path))
+    assert upload.event_count == len(requests_in(path))
     assert upload.path == ""  # the uploaded copy is gone once ingested
 
 

@@ -134,7 +134,7 @@ def assert_all_stored_once(upload: Upload, path: Path) -> None:
     expected = _file_requests(path)
     assert len(stored) == len(set(stored)), "a request is stored twice"
     assert set(stored) == expected, (len(set(stored) - expected), len(expected - set(stored)))
-    assert upload.events == len(expected)
+    assert upload.event_count == len(expected)
 
 
 def _running_mid_way(upload: Upload) -> bool:

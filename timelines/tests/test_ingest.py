@@ -91,7 +91,7 @@ def test_several_node_files_merge_into_one_timeline_with_source_and_line(
     uploads = [ingest_file(incident, path) for path in files]
 
     assert [u.status for u in uploads] == ["done"] * len(files)
-    assert sum(u.events for u in uploads) == len(expected)
+    assert sum(u.event_count for u in uploads) == len(expected)
     events = events_of(incident)
     assert len(events) == len(expected)
     assert {(e.audit_id, e.received) for e in events} == {
@@ -118,7 +118,7 @@ def test_upload_counts_events_and_new_events_per_file(incident, ingest_file, fix
     upload = ingest_file(incident, demo)
 
     assert upload.status == Upload.Status.DONE
-    assert upload.events == expected
+    assert upload.event_count == expected
     assert upload.new_events == expected
     assert upload.skipped_lines == 0
     assert upload.errors == []
@@ -220,7 +220,7 @@ def test_stage_collapse_across_files_completes_the_same_row(
     upload_b = ingest_file(incident, file_b)
 
     assert upload_b.status == "done"
-    assert upload_b.events == 1 and upload_b.new_events == 0
+    assert upload_b.event_count == 1 and upload_b.new_events == 0
     (done,) = events_of(incident)
     assert done.pk == open_span.pk
     assert done.completed == completed
@@ -253,7 +253,7 @@ def test_stages_of_one_request_in_one_file_are_one_row(incident, ingest_file, fi
 
     upload = ingest_file(incident, path)
 
-    assert upload.events == len(entries)
+    assert upload.event_count == len(entries)
     events = events_of(incident)
     assert len(events) == len(entries)
     assert all(e.completed is not None and e.stage == "ResponseComplete" for e in events)
@@ -275,7 +275,7 @@ def test_ingesting_the_same_file_twice_changes_nothing(incident, ingest_file, fi
 
     assert first.new_events == count
     assert second.status == "done"
-    assert second.events == count
+    assert second.event_count == count
     assert second.new_events == 0
     after = {(e.audit_id, e.received): (e.pk, e.body_chunk, e.body_index, e.upload_id)
              for e in events_of(incident)}
@@ -312,7 +312,7 @@ def test_malformed_lines_are_skipped_and_reported_good_lines_stored(
     assert upload.status == Upload.Status.DONE
     assert upload.message == ""
     assert upload.skipped_lines == len(bad_lines)
-    assert upload.events == len(good)
+    assert upload.event_count == len(good)
     assert len(upload.errors) == len(bad_lines)
     numbers = set()
     for error in upload.errors:
@@ -332,7 +332,7 @@ def test_file_without_audit_events_fails_naming_the_file(incident, ingest_file, 
 
     assert upload.status == Upload.Status.FAILED
     assert "fal_01_003.json" in upload.message
-    assert upload.events == 0
+    assert upload.event_count == 0
     assert upload.finished_at is not None
     assert not Event.objects.filter(incident=incident).exists()
 
@@ -374,7 +374,7 @@ def test_secret_values_are_nowhere_in_the_database(incident, ingest_file, fixtur
     upload = ingest_file(incident, path)
 
     assert upload.status == "done"
-    assert upload.events == len(entries)
+    assert upload.event_count == len(entries)
     assert upload.redacted > 0
     with connection.cursor() as cursor:
         # every column of every event row, as PostgreSQL renders the row
@@ -448,7 +448,7 @@ def test_api_upload_copy_is_deleted_after_ingest(incident, owner, fixtures_dir, 
     assert result.status == "done"
     assert not copy.exists()
     assert result.path == ""
-    assert result.events == len(json_lines(audit_log(fixtures_dir, "audit2rbac-demo.log")))
+    assert result.event_count == len(json_lines(audit_log(fixtures_dir, "audit2rbac-demo.log")))
 
 
 def test_api_upload_copy_is_deleted_even_when_the_ingest_fails(incident, fixtures_dir, settings):
@@ -607,7 +607,7 @@ def test_same_claimant_can_claim_again_on_retry(local_upload, incident):
     assert result.status == "done"
     assert result.claimed_by == "task-1"
     assert result.attempts == 2
-    assert Event.objects.filter(incident=incident).count() == result.events > 0
+    assert Event.objects.filter(incident=incident).count() == result.event_count > 0
 
 
 def test_stale_heartbeat_is_taken_over(local_upload, incident, settings):
@@ -619,7 +619,7 @@ def test_stale_heartbeat_is_taken_over(local_upload, incident, settings):
     assert result.status == "done"
     assert result.claimed_by == "new-worker"
     assert result.attempts == 2
-    assert Event.objects.filter(incident=incident).count() == result.events > 0
+    assert Event.objects.filter(incident=incident).count() == result.event_count > 0
 
 
 def test_finished_upload_is_not_claimed_again(local_upload):

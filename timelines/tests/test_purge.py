@@ -230,7 +230,7 @@ def test_manage_py_ingest_says_so_when_its_incident_is_deleted_meanwhile(
     thread.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not Upload.objects.filter(
-            incident__title="cli", events__gt=0).exists():
+            incident__title="cli", event_count__gt=0).exists():
         time.sleep(0.01)
     incident = Incident.objects.get(title="cli")
     assert delete_incident(incident)

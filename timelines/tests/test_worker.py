@@ -79,7 +79,7 @@ def test_a_worker_ingests_an_upload_posted_to_the_api(client, owner, token_for, 
     upload = _wait(upload_id, lambda u: u.finished)
 
     assert upload.status == Upload.Status.DONE, upload.message
-    assert upload.events == expected
+    assert upload.event_count == expected
     assert Event.objects.filter(incident_id=upload.incident_id).count() == expected
     assert upload.bytes_read == upload.bytes_total == source.stat().st_size
 
@@ -106,7 +106,7 @@ def test_a_killed_worker_s_upload_runs_again_without_losing_or_doubling_events(
     upload_id = _post(client, token_for(owner), path, "killed worker")
 
     # Kill the pool child while it is writing; the worker re-delivers the unacknowledged task.
-    _wait(upload_id, lambda u: u.status == Upload.Status.RUNNING and u.events > 0)
+    _wait(upload_id, lambda u: u.status == Upload.Status.RUNNING and u.event_count > 0)
     children = psutil.Process(worker.pid).children()
     assert children, "the prefork worker has no pool child"
     for child in children:
@@ -117,7 +117,7 @@ def test_a_killed_worker_s_upload_runs_again_without_losing_or_doubling_events(
     assert upload.status == Upload.Status.DONE, upload.message
     assert upload.attempts >= 2
     assert Event.objects.filter(incident_id=upload.incident_id).count() == requests
-    assert upload.events == requests
+    assert upload.event_count == requests
 
 
 def test_deleting_an_incident_while_a_worker_ingests_it_ends_the_ingest_and_purges_all(
@@ -127,7 +127,7 @@ def test_deleting_an_incident_while_a_worker_ingests_it_ends_the_ingest_and_purg
     path = tmp_path / "big-audit.log"
     _big_audit_log(path, fixtures_dir, 100_000)
     upload_id = _post(client, token_for(owner), path, "deleted while ingesting")
-    upload = _wait(upload_id, lambda u: u.status == Upload.Status.RUNNING and u.events > 0)
+    upload = _wait(upload_id, lambda u: u.status == Upload.Status.RUNNING and u.event_count > 0)
     copy = Path(upload.path)
     assert copy.is_file()
 
@@ -187,5 +187,5 @@ def test_a_bundle_s_files_are_ingested_by_tasks_of_their_own(client, owner, toke
     claimants = {f.claimed_by for f in files} | {upload.claimed_by}
     assert len(claimants) == len(files) + 1
     assert not any(c.startswith("local-") for c in claimants)
-    assert upload.events == sum(f.events for f in files) == Event.objects.filter(
+    assert upload.event_count == sum(f.event_count for f in files) == Event.objects.filter(
         incident_id=upload.incident_id).count()

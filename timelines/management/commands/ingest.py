@@ -188,13 +188,13 @@ class Command(BaseCommand):
                 "incident": {"id": incident.pk, "title": incident.title, "url": url},
                 "uploads": [
                     {"id": u.pk, "name": u.name, "format": u.format, "status": u.status,
-                     "events": u.events, "new_events": u.new_events,
+                     "events": u.event_count, "new_events": u.new_events,
                      "skipped_lines": u.skipped_lines, "redacted": u.redacted,
                      "errors": u.errors, "message": u.message, "notes": u.notes}
                     for u in entries
                 ],
                 "bundles": [
-                    {"id": u.pk, "name": u.name, "status": u.status, "events": u.events,
+                    {"id": u.pk, "name": u.name, "status": u.status, "events": u.event_count,
                      "files": u.files.count(), "message": u.message}
                     for u in top if u.format == "bundle"
                 ],
@@ -215,7 +215,7 @@ class Command(BaseCommand):
         line = (f"{bundle.name}: {bundle.status}, {len(files)} files ("
                 + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items())) + "); "
                 + ", ".join(f"{n} {fmt}" for fmt, n in by_format.most_common())
-                + f"; {bundle.events} events, {bundle.redacted} values redacted")
+                + f"; {bundle.event_count} events, {bundle.redacted} values redacted")
         if bundle.message:
             line += f" — {bundle.message}"
         for failed in [f for f in files if f.status == Upload.Status.FAILED][:10]:
@@ -225,7 +225,7 @@ class Command(BaseCommand):
     def _report(self, upload: Upload, as_json: bool) -> None:
         if upload.parent_id is not None:
             return  # a bundle's file: the bundle's summary speaks for it
-        line = (f"{upload.name}: {upload.status}, {upload.events} events "
+        line = (f"{upload.name}: {upload.status}, {upload.event_count} events "
                 f"({upload.new_events} new), {upload.skipped_lines} lines skipped, "
                 f"{upload.redacted} values redacted")
         if upload.message:

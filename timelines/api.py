@@ -11,6 +11,7 @@ import orjson
 from django.db.models import Q
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils.cache import patch_vary_headers
+from django.utils.dateparse import parse_datetime
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import NotFound, ValidationError
@@ -21,7 +22,7 @@ from incidents.access import get_visible_incident, visible_incidents
 
 from . import aggregate, columns
 from .diff import NoVersion, diff, object_version
-from .figures import COLOURS, EPOCH
+from .figures import COLOURS, EPOCH, microseconds
 from .filters import EventFilterSet
 from .lanes import GROUPS
 from .models import Event
@@ -54,30 +55,46 @@ class IncidentEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return Event.objects.filter(incident=incident)
 
     def list(self, request, *args, **kwargs):
-        """The page as ``EventSerializer`` gives it, from plain rows (``event_rows``)."""
-        page = self.paginate_queryset(
-            self.filter_queryset(self.get_queryset()).values(*LIST_COLUMNS))
+        """The page as ``EventSerializer`` gives it, from plain rows (``event_rows``), read
+        only where the column index says the page's events are (``narrowed``)."""
+        cursor = self.paginator.decode_cursor(request)  # 404 for a bad one, as the paginator
+        offset, reverse, position = cursor if cursor is not None else (0, False, None)
+        queryset = narrowed(int(self.kwargs["incident_pk"]), request.query_params,
+                            self.filter_queryset(self.get_queryset()),
+                            rows=offset + self.paginator.get_page_size(request) + 1,
+                            position=position, reverse=reverse)
+        page = self.paginate_queryset(queryset.values(*LIST_COLUMNS))
         return self.get_paginated_response(event_rows(page))
 
-    def filter_queryset(self, queryset):
-        return narrowed(int(self.kwargs["incident_pk"]), self.request.query_params,
-                        super().filter_queryset(queryset))
 
-
-def narrowed(incident_id: int, params, queryset):
-    """``queryset``, the incident's events filtered by ``params``, narrowed with the incident's
-    column index (``timelines.columns``) when it is at the current data version and holds every
-    filter given: no query at all when no event matches, else ``received`` between the first
-    and the last matching event (inclusive, so every match stays and any order or cursor gives
-    the same rows). Without it a value that no index of the table leads with (namespace, code,
-    name, verb …), absent or only late in the incident, walks the whole incident in time order.
-    Unchanged when the index cannot serve (``q``, ``group``, ``audit_id``, ``id``, no index
-    yet, an upload running) or when only ``since``/``until`` are given (the database's
+def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | None = None,
+             reverse: bool = False):
+    """``queryset``, the incident's events filtered by ``params``, narrowed for a page of the
+    cursor pagination with the incident's column index (``timelines.columns``) when it is at
+    the current data version and holds every filter given. The page reads the first ``rows``
+    matching events received after ``position`` (the cursor's, exclusive; before it when
+    ``reverse``): no query at all when there is none, else ``received`` between the first and
+    the last of them (inclusive, so those rows stay, in the same order, whatever their ties).
+    Without it a value that no index of the table leads with (namespace, code, name, verb …),
+    absent, rare or only late in the incident, walks the incident in time order until the page
+    is full. Unchanged when the index cannot serve (``q``, ``group``, ``audit_id``, ``id``, no
+    index yet, an upload running) or when only ``since``/``until`` are given (the database's
     ``(incident, received)`` index does that)."""
     given = {n: v for n, v in params.lists() if n in EventFilterSet.base_filters and any(v)}
     if not any(name in columns.FILTER_COLUMNS for name in given) \
             or not columns.ColumnIndex.serves(given):
         return queryset
+    point = None
+    if reverse and position is None:  # not a cursor the paginator writes
+        return queryset
+    if position is not None:  # as the paginator wrote it: str() of an event's received
+        try:
+            moment = parse_datetime(position)
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None:
+            return queryset  # not one of ours: the paginator answers it as it can
+        point = microseconds(moment)
     version = aggregate.data_version(incident_id)
     index = columns.load(incident_id, version) if version is not None else None
     if index is None:
@@ -86,8 +103,9 @@ def narrowed(incident_id: int, params, queryset):
     if not filterset.is_valid():  # the filter backend has refused it already
         return queryset
     data = filterset.form.cleaned_data
-    span = index.span({n: data.get(n) for n in given if n in columns.FILTER_COLUMNS},
-                      data.get("since"), data.get("until"))
+    span = index.reach({n: data.get(n) for n in given if n in columns.FILTER_COLUMNS},
+                       data.get("since"), data.get("until"), count=rows,
+                       after=None if reverse else point, before=point if reverse else None)
     if span is None:
         return queryset.none()
     return queryset.filter(received__gte=EPOCH + timedelta(microseconds=span[0]),

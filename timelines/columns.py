@@ -71,7 +71,7 @@ _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 # (``duration.npy``, for the request statistics of ``timelines.analysis.stats``).
 _FORMAT = 3
 _LOADED_MAX = 4  # indexes kept open per process
-_SPAN_BLOCK = 4096  # events tested first from each end by ``ColumnIndex.span``
+_REACH_BLOCK = 4096  # events tested first by ``ColumnIndex.reach``
 
 
 def root() -> Path:
@@ -348,36 +348,46 @@ class ColumnIndex:
             signatures = match if signatures is None else (signatures & match)
         return signatures
 
-    def span(self, filters: Mapping[str, list], since: datetime | None,
-             until: datetime | None) -> tuple[int, int] | None:
-        """``received`` (µs) of the first and of the last event that ``select`` would select,
-        None when none would. No event is looked at when no signature matches; otherwise the
-        events are tested in blocks growing from each end of the window, so a value found near
-        both ends costs a few thousand tests, not one per event (the events list narrows its
-        query to this span, ``timelines.api``)."""
+    def reach(self, filters: Mapping[str, list], since: datetime | None,
+              until: datetime | None, *, count: int, after: int | None = None,
+              before: int | None = None) -> tuple[int, int] | None:
+        """``received`` (µs) of the first and of the last of the ``count`` selected events (as
+        ``select`` selects them) nearest to a point: the first ``count`` received after
+        ``after`` (µs, exclusive; None: from the window's start), or with ``before`` the last
+        ``count`` received before it. None when there is none. No event is looked at when no
+        signature matches; otherwise the events are tested in blocks growing from that point,
+        so a page of a common or a rare value costs a few thousand tests, not one per event
+        (the events list narrows its query to this reach, ``timelines.api.narrowed``)."""
         start, stop = self._slice(since, until)
+        if after is not None:
+            start = max(start, int(np.searchsorted(self.received, after, "right")))
+        backward = before is not None
+        if backward:
+            stop = min(stop, int(np.searchsorted(self.received, before, "left")))
         signatures = self._matching(filters)
-        if start == stop or (signatures is not None and not signatures.any()):
+        if start >= stop or count < 1 or (signatures is not None and not signatures.any()):
             return None
-        if signatures is None:
-            return int(self.received[start]), int(self.received[stop - 1])
-        first = last = None
-        block, begin = _SPAN_BLOCK, start
-        while first is None and begin < stop:
-            end = min(stop, begin + block)
-            hits = signatures[self.signature[begin:end]]
-            at = int(hits.argmax())
-            first = begin + at if hits[at] else None
-            begin, block = end, block * 4
-        if first is None:
+        near = far = None
+        found, block = 0, _REACH_BLOCK
+        while found < count and start < stop:
+            begin, end = (max(start, stop - block), stop) if backward \
+                else (start, min(stop, start + block))
+            hits = np.arange(end - begin) if signatures is None \
+                else np.flatnonzero(signatures[self.signature[begin:end]])
+            if backward:
+                hits = hits[::-1]
+                stop = begin
+            else:
+                start = end
+            if hits.size:
+                near = begin + int(hits[0]) if near is None else near
+                taken = min(hits.size, count - found)
+                far = begin + int(hits[taken - 1])
+                found += taken
+            block *= 4
+        if near is None:
             return None
-        block, end = _SPAN_BLOCK, stop
-        while last is None:  # found at the latest at ``first``
-            begin = max(first, end - block)
-            hits = signatures[self.signature[begin:end]][::-1]
-            at = int(hits.argmax())
-            last = end - 1 - at if hits[at] else None
-            end, block = begin, block * 4
+        first, last = (far, near) if backward else (near, far)
         return int(self.received[first]), int(self.received[last])
 
     def lane_counts(self, window: Window, group: str, *, since: datetime | None = None,

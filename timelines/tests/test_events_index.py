@@ -136,6 +136,23 @@ def test_a_rare_value_is_looked_for_only_where_the_index_found_it(indexed, clien
         assert '"timelines_event"."received" <=' not in sql, query
 
 
+def test_each_page_reads_only_the_time_its_rows_span(indexed, client):
+    """A page of 10 reads from its first row to the one after its last (the paginator fetches
+    one more to know whether a next page follows), whichever way the cursor goes."""
+    url = URL.format(indexed.pk)
+    alice = [str(t.replace(tzinfo=None)) for t in Event.objects.filter(
+        incident=indexed, username="alice").order_by("received", "id")
+        .values_list("received", flat=True)]
+    [sql] = _event_queries(client, url, {"user": "alice", "page_size": 10})
+    assert alice[0] in sql and alice[10] in sql and alice[11] not in sql
+    second = client.get(url, {"user": "alice", "page_size": 10}).json()["next"]
+    [sql] = _event_queries(client, second, {})
+    assert alice[10] in sql and alice[20] in sql and alice[21] not in sql  # after alice[9]
+    back = client.get(second).json()["previous"]
+    [sql] = _event_queries(client, back, {})
+    assert alice[0] in sql and alice[9] in sql and alice[11] not in sql  # before alice[10]
+
+
 def test_an_upload_running_leaves_the_query_to_the_database(indexed, client):
     _store(indexed, [_row("more", 5, namespace="new")], finished=False)
     assert aggregate.data_version(indexed.pk) is None

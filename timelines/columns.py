@@ -72,6 +72,7 @@ _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 _FORMAT = 3
 _LOADED_MAX = 4  # indexes kept open per process
 _REACH_BLOCK = 4096  # events tested first by ``ColumnIndex.reach``
+_REACH_BLOCK_MAX = 1 << 20  # and at most at a time (the matches' positions: 8 MB at most)
 
 
 def root() -> Path:
@@ -384,7 +385,7 @@ class ColumnIndex:
                 taken = min(hits.size, count - found)
                 far = begin + int(hits[taken - 1])
                 found += taken
-            block *= 4
+            block = min(block * 4, _REACH_BLOCK_MAX)
         if near is None:
             return None
         first, last = (far, near) if backward else (near, far)

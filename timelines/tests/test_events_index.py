@@ -105,6 +105,34 @@ def test_with_and_without_the_index_every_filter_gives_the_same_pages(indexed, c
         assert pages(client, incident, query, page_size=size) == by_index[repr(query)], query
 
 
+def test_pages_are_the_same_when_the_index_is_read_in_small_blocks(indexed, client,
+                                                                   monkeypatch):
+    monkeypatch.setattr(columns, "_REACH_BLOCK", 5)
+    monkeypatch.setattr(columns, "_REACH_BLOCK_MAX", 80)
+    test_with_and_without_the_index_every_filter_gives_the_same_pages(indexed, client)
+
+
+def test_reach_spans_the_nearest_matches_as_select_finds_them(indexed, monkeypatch):
+    monkeypatch.setattr(columns, "_REACH_BLOCK", 3)
+    monkeypatch.setattr(columns, "_REACH_BLOCK_MAX", 100)
+    index = columns.load(indexed.pk, aggregate.data_version(indexed.pk))
+    for filters in ({"user": ["alice"]}, {"namespace": ["late"]}, {"code": [418]},
+                    {"verb": ["get"], "user": ["bob", "ci-bot"]}, {"name": ["tie-a"]}):
+        times = index.times(index.select(filters, None, None))  # the matches, in time order
+        assert times.size, filters
+        points = [None, int(times[0]), int(times[times.size // 2]), int(times[-1]),
+                  int(times[times.size // 3]) + 1]
+        for count in (1, 2, 11, 300, 5000):
+            for point in points:
+                after = times if point is None else times[times > point]
+                wanted = (int(after[0]), int(after[:count][-1])) if after.size else None
+                assert index.reach(filters, None, None, count=count, after=point) == wanted
+                if point is not None:
+                    before = times[times < point][-count:]
+                    wanted = (int(before[0]), int(before[-1])) if before.size else None
+                    assert index.reach(filters, None, None, count=count, before=point) == wanted
+
+
 def _event_queries(client, url: str, query: dict) -> list[str]:
     with CaptureQueriesContext(connection) as captured:
         answer = client.get(url, query)

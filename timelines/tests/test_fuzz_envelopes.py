@@ -196,8 +196,8 @@ def node_unit(rng: random.Random, unit: int, as_yaml: bool) -> bytes:
 
 def _check_gke(fmt, make_unit):
     def make(rng: random.Random):
-        as_yaml = rng.random() < 0.4
-        units = [make_unit(rng, n, as_yaml) for n in range(rng.randint(0, 4))]
+        as_yaml = rng.random() < 0.25
+        units = [make_unit(rng, n, as_yaml) for n in range(rng.randint(0, 3))]
         return units, _broken(rng), rng, (b"---" if as_yaml else None)
 
     fuzz(lambda case: check_mixed(fmt, *case), make)

@@ -76,8 +76,8 @@ def test_events_between_broken_lines_and_documents_are_all_read():
     samples = EVENTS
 
     def make(rng: random.Random):
-        as_yaml = rng.random() < 0.3
-        units = [event_unit(rng, n, as_yaml) for n in range(rng.randint(0, 4))]
+        as_yaml = rng.random() < 0.25
+        units = [event_unit(rng, n, as_yaml) for n in range(rng.randint(0, 3))]
         broken = [broken_line(rng, samples) for _ in range(rng.randint(0, 4))]
         return units, broken, rng, (b"---" if as_yaml else None)
 

@@ -166,3 +166,22 @@ class IncidentInsights(models.Model):
 
     def __str__(self) -> str:
         return f"insights of incident {self.incident_id} at {self.version}"
+
+
+class IncidentPodFacts(models.Model):
+    """What an incident's evidence about pods says (``timelines.analysis.pods_views``: every
+    ``pods.Fact`` with the id of its event), for one data version: written when its uploads
+    finish, or by the first pods query of a version without it, and replaced when a new version
+    writes it; read when no process keeps them, so that no query reads the bodies again. Goes
+    with the incident (a cascading foreign key). ``facts``: zstd-compressed columns
+    (``pods_views.KnownFacts``)."""
+
+    incident = models.OneToOneField(Incident, on_delete=models.CASCADE, related_name="+")
+    version = models.TextField()
+    computed_at = models.DateTimeField(default=timezone.now)
+    seconds = models.FloatField(default=0)  # how long reading the evidence took
+    facts = models.BinaryField()
+    unfiltered = models.BinaryField(null=True)  # the unfiltered answer, zstd-compressed JSON
+
+    def __str__(self) -> str:
+        return f"pod facts of incident {self.incident_id} at {self.version}"

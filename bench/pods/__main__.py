@@ -11,10 +11,13 @@ COPY path. Lifecycles start on a Poisson process over the clones' span; the clon
 ``--events``. Then each query is asked through Django's test ``Client`` as a superuser (no
 network), ``--runs`` times each:
 
-- **cold**: the cache and the process's facts emptied: the rows read, and every body of a
-  request on pods decompressed (the first query of a data version, if nothing prepared it);
-- **prepared**: as ``pods_views.warm`` leaves the shared cache at the end of an ingest (the
-  bodies' facts, the unfiltered answer; its own time is reported), asked by another process;
+- **cold**: the cache, the process's facts and their stored row emptied: the rows read, and
+  every body of a request on pods decompressed (the first query of a data version, if nothing
+  prepared it);
+- **prepared**: as ``pods_views.warm`` leaves the store and the shared cache at the end of an
+  ingest (the facts' row, the unfiltered answer; its own time is reported), asked by another
+  process;
+- **stored**: the cache evicted and the process new, the facts' row kept (one row read);
 - **in process**: the answers emptied, the facts kept by this process (a web process's second
   query of the data version);
 - **warm**: the cached answer.
@@ -233,6 +236,7 @@ def measure(incident_id: int, runs: int) -> list[dict]:
     from django.core.cache import cache
     from django.test import Client
     from timelines.analysis import pods_views
+    from timelines.models import IncidentPodFacts
 
     user = get_user_model().objects.filter(username=USERNAME).first() or \
         get_user_model().objects.create_superuser(USERNAME, "bench@example.com", None)
@@ -251,20 +255,26 @@ def measure(incident_id: int, runs: int) -> list[dict]:
     results = []
     for label, query in queries(incident_id):
         load = os.getloadavg()[0]
-        cold, prepared, warm_up = [], [], []
+        cold, prepared, warm_up, stored = [], [], [], []
         for _ in range(runs):
             cache.clear()
             pods_views.forget()  # as in a new web process
+            IncidentPodFacts.objects.filter(incident_id=incident_id).delete()
             ms, answer = timed(query)
             cold.append(ms)
         for _ in range(runs):
             cache.clear()
             pods_views.forget()
+            IncidentPodFacts.objects.filter(incident_id=incident_id).delete()
             started = time.perf_counter()
             pods_views.warm(incident_id)  # what the end of the ingest did …
             warm_up.append((time.perf_counter() - started) * 1000)
             pods_views.forget()  # … in another process
             prepared.append(timed(query)[0])
+        for _ in range(runs):  # the cache evicted, a new process: the stored facts read
+            cache.clear()
+            pods_views.forget()
+            stored.append(timed(query)[0])
         in_process = []
         for _ in range(runs):  # the answers emptied, this process's facts kept
             cache.clear()
@@ -274,16 +284,19 @@ def measure(incident_id: int, runs: int) -> list[dict]:
         row = {"query": label, "params": query, "pods": len(body), "bytes": len(answer.content),
                "cold_ms": round(statistics.median(cold), 1),
                "prepared_ms": round(statistics.median(prepared), 1),
+               "stored_ms": round(statistics.median(stored), 1),
                "in_process_ms": round(statistics.median(in_process), 1),
                "warm_ms": round(statistics.median(warm), 1),
                "prepare_ms": round(statistics.median(warm_up), 1),
                "cold_runs_ms": [round(v, 1) for v in cold],
                "prepared_runs_ms": [round(v, 1) for v in prepared],
+               "stored_runs_ms": [round(v, 1) for v in stored],
                "in_process_runs_ms": [round(v, 1) for v in in_process],
                "warm_runs_ms": [round(v, 1) for v in warm], "load_before": round(load, 2)}
         results.append(row)
         print(f"  {label:30} {row['pods']:>6,} pods {row['bytes']:>10,} B  cold "
-              f"{row['cold_ms']:>7.1f} ms  prepared {row['prepared_ms']:>6.1f} ms  in process "
+              f"{row['cold_ms']:>7.1f} ms  prepared {row['prepared_ms']:>6.1f} ms  stored "
+              f"{row['stored_ms']:>6.1f} ms  in process "
               f"{row['in_process_ms']:>6.1f} ms  warm {row['warm_ms']:>5.1f} ms  (prepare "
               f"{row['prepare_ms']:.0f} ms, load {load:.2f})", flush=True)
     return results

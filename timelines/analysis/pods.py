@@ -324,7 +324,7 @@ def duration_ms(start: tuple[int, int, str] | None,
 
 
 # The order facts of the same instant are taken in: a pod's own story.
-_ORDER = {name: i for i, name in enumerate(("created", "seen", "node", "scheduled", "started",
+ORDER = {name: i for i, name in enumerate(("created", "seen", "node", "scheduled", "started",
                                             "ready", "restarts", "warnings", "finished",
                                             "deleted"))}
 
@@ -341,7 +341,7 @@ def assemble(facts: Iterable[Fact]) -> list[Pod]:
         by_object.setdefault((fact.namespace, fact.name), []).append(fact)
     pods: list[Pod] = []
     for (namespace, name), object_facts in by_object.items():
-        object_facts.sort(key=lambda f: (f.at, _ORDER[f.field], f.rank))
+        object_facts.sort(key=lambda f: (f.at, ORDER[f.field], f.rank))
         lives: list[Pod] = []
         by_uid: dict[str, Pod] = {}
         for fact in object_facts:

@@ -5,42 +5,51 @@ Only evidence about pods is read, through the ``event_object`` index (incident, 
 the incident's successful requests on pods that say something of a phase and its Events about
 pods, plus its controllers' ``SuccessfulCreate``/``SuccessfulDelete`` Events. Status writes,
 creates, bindings and deletes are read with their stored bodies; decompressing those is most of
-the work (a chunk of 500 bodies per few of them), so what each body says (``pods.Fact``) is kept
-per data version in the cache, for every such request of the incident, and the answer of each
-query too: a query after the first reads rows and no body.
+the work (a chunk of 500 bodies per few of them), so what every such row of the incident says
+(``pods.Fact``) is read once per data version, at the end of an ingest (``warm``) or by the first
+query, and stored (``IncidentPodFacts``, kept in the process too). A query then reads the ids of
+the rows it matches, selects their facts and assembles those pods only; its answer is cached,
+and the unfiltered one stored beside the facts (a namespace or name query narrows it).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
 from urllib.parse import urlencode
 
+import numpy as np
 import orjson
+import zstandard
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
+from django.db import IntegrityError
 from django.db.models import Q
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 
 from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident, visible_incidents
-from incidents.models import Incident
+from incidents.models import Incident, IncidentGone, writing
 
 from .. import aggregate
 from ..filters import EventFilterSet
-from ..models import BodyChunk, Event
+from ..models import BodyChunk, Event, IncidentPodFacts
 from ..queries import BadQuery
 from . import filtered, pods
 
 CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory
+FORMAT = b"hindsight pod facts 1\n"  # the first bytes of a stored ``KnownFacts``
 CHUNKS_PER_QUERY = 100  # body chunks fetched at once (about 100 × 100 kB compressed)
 MAX_WITH = 8  # incidents drawn beside this one on the page
 # Filters that select whole pods, so that their answer is a part of the unfiltered one.
@@ -55,12 +64,6 @@ def _successful_writes() -> Q:
     return Q(kind="audit", code__gte=200, code__lt=300) & (
         Q(verb="create", subresource__in=("", "binding", "eviction"))
         | Q(verb="delete", subresource="")
-        | Q(verb__in=("patch", "update"), subresource="status"))
-
-
-def _with_body() -> Q:
-    return Q(kind="audit", code__gte=200, code__lt=300, body_chunk__isnull=False) & (
-        Q(verb="create", subresource__in=("", "binding")) | Q(verb="delete", subresource="")
         | Q(verb__in=("patch", "update"), subresource="status"))
 
 
@@ -83,12 +86,25 @@ def pod_phases(incident: Incident, params: QueryDict) -> bytes:
     if query and version is not None and {name for name, _ in query} <= POD_FILTERS:
         # A namespace or name selects whole pods: those of the unfiltered answer.
         body = _narrowed(pod_phases(incident, QueryDict()), dict(query))
+    elif not query and version is not None:  # the unfiltered answer is stored with the facts
+        body = _stored_answer(incident.pk, version)
+        if body is None:
+            with _no_collection():
+                body = orjson.dumps(_compute(incident, params, version))
+            IncidentPodFacts.objects.filter(incident_id=incident.pk, version=version).update(
+                unfiltered=zstandard.compress(body, 3))
     else:
         with _no_collection():
             body = orjson.dumps(_compute(incident, params, version))
     if key is not None:
         cache.set(key, body, CACHE_SECONDS)
     return body
+
+
+def _stored_answer(incident_id: int, version: str) -> bytes | None:
+    stored = (IncidentPodFacts.objects.filter(incident_id=incident_id, version=version)
+              .values_list("unfiltered", flat=True).first())
+    return zstandard.decompress(bytes(stored)) if stored is not None else None
 
 
 def _narrowed(body: bytes, query: dict[str, list[str]]) -> bytes:
@@ -101,7 +117,23 @@ def _narrowed(body: bytes, query: dict[str, list[str]]) -> bytes:
                          and (not names or pod["name"] in names)])
 
 
+def _evidence() -> Q:
+    """Rows about pods that say something of one: its Events, and requests that may tell a
+    phase (read with their bodies when ``pods.wants_body``)."""
+    return Q(kind="event") | _successful_writes()
+
+
+def _controllers(events):
+    return events.filter(resource__in=pods.CONTROLLERS, kind="event",
+                         reason__in=pods.CONTROLLER_REASONS)
+
+
 def _compute(incident: Incident, params: QueryDict, version: str | None) -> list[dict]:
+    """The answer to ``params``: the facts of the matching rows (``_evidence`` about pods and
+    controllers' Events), assembled into pods. With a data version they are those prepared for
+    the whole incident (``incident_facts``), selected by the ids of the matching rows: a query
+    reads ids, no other column and no body; without one (an upload is running) they are read
+    from the rows and bodies this query selects (``facts_from_rows``), as when preparing."""
     resources = [r for r in params.getlist("resource") if r.strip()]
     names = {n.strip() for n in params.getlist("name") if n.strip()}
     rest = params.copy()
@@ -114,26 +146,15 @@ def _compute(incident: Incident, params: QueryDict, version: str | None) -> list
     if names:
         # a create of a generated name is read whatever its pod's name turns out to be
         about_pods = about_pods.filter(Q(name__in=names) | Q(name="", verb="create"))
-    # Rows whose columns say it all: Events, and requests whose body is not read.
-    plain = about_pods.filter(Q(kind="event") | _successful_writes() & (
-        Q(body_chunk__isnull=True) | Q(subresource="eviction")))
-    controllers = events.filter(resource__in=pods.CONTROLLERS, kind="event",
-                                reason__in=pods.CONTROLLER_REASONS)
-    facts: list[pods.Fact] = []
-    for row in [*aggregate.span_rows(plain.order_by(), _ROW_FIELDS),
-                *aggregate.span_rows(controllers.order_by(), _ROW_FIELDS)]:
-        facts.extend(_facts_of_row(row))
-    # Requests read with their bodies: what those say is kept per data version, so only their
-    # ids are selected here.
-    with_body = about_pods.filter(_with_body()).order_by()
-    ids = list(with_body.values_list("pk", flat=True))
-    if ids:
-        if version is None:  # an upload is running: read what this query needs, keep nothing
-            known = _read_facts(aggregate.span_rows(with_body, _ROW_FIELDS))
-        else:
-            known = incident_body_facts(incident.pk, version)
-        for pk in ids:
-            facts.extend(pods.Fact(*f) for f in known.get(pk, ()))
+    selected = [about_pods.filter(_evidence()).order_by(), _controllers(events).order_by()]
+    if version is None:  # an upload is running: read what this query needs, keep nothing
+        facts = [fact for _, fact in facts_from_rows(
+            [row for rows in selected for row in aggregate.span_rows(rows, _ROW_FIELDS)])]
+    else:
+        known = incident_facts(incident.pk, version)
+        ids = np.fromiter((row[0] for rows in selected
+                           for row in aggregate.span_rows(rows, ("id",))), dtype=np.int64)
+        facts = known.select(ids)
     if names:
         facts = [f for f in facts if f.name in names]
     return [pod.as_json() for pod in pods.assemble(facts)]
@@ -162,61 +183,154 @@ def _facts_of_row(row: tuple) -> list[pods.Fact]:
     return pods.facts_of_request(verb, subresource, namespace, name, uid, received, None)
 
 
-# The facts of the last few incidents' bodies in this process: decoding them from the shared
-# cache costs more than the rest of a query.
-_KNOWN: dict[tuple[int, str], dict[int, list[list]]] = {}
+class KnownFacts:
+    """Every fact of an incident's evidence about pods (``pods.Fact``) as columns, with the id
+    of the event that gave it (``ids``), in the order ``pods.assemble`` takes them (namespace,
+    name, time, …, event id): a query's facts are a selection, made into Facts only then, in
+    that order. Strings are codes into ``strings``; ``values`` by position, where not None."""
+
+    TEXTS = ("namespace", "name", "uid", "field", "source")
+
+    def __init__(self, ids: np.ndarray, codes: np.ndarray, at: np.ndarray, rank: np.ndarray,
+                 strings: list[str], values: dict[int, object]):
+        self.ids, self.codes, self.at, self.rank = ids, codes, at, rank
+        self.strings = np.array(strings, dtype=object)
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def of(cls, tagged: list[tuple[int, pods.Fact]]) -> KnownFacts:
+        """From ``(event id, fact)`` pairs in event id order (``facts_from_rows``)."""
+        tagged.sort(key=lambda t: (t[1].namespace, t[1].name, t[1].at, pods.ORDER[t[1].field],
+                                   t[1].rank, t[0]))
+        strings: dict[str, int] = {}
+        code = functools.partial(_code, strings)
+        count = len(tagged)
+        codes = np.array([[code(getattr(f, name)) for name in cls.TEXTS] for _, f in tagged],
+                         dtype=np.int32).reshape(count, len(cls.TEXTS))
+        return cls(np.fromiter((pk for pk, _ in tagged), dtype=np.int64, count=count), codes,
+                   np.fromiter((f.at for _, f in tagged), dtype=np.int64, count=count),
+                   np.fromiter((f.rank for _, f in tagged), dtype=np.int8, count=count),
+                   list(strings),
+                   {i: f.value for i, (_, f) in enumerate(tagged) if f.value is not None})
+
+    def select(self, event_ids: np.ndarray) -> list[pods.Fact]:
+        """The facts of these events, in the order above."""
+        positions = np.flatnonzero(np.isin(self.ids, event_ids))
+        texts = [self.strings[self.codes[positions, i]].tolist()
+                 for i in range(len(self.TEXTS))]
+        values = self.values
+        return list(map(pods.Fact._make, zip(
+            *texts[:4], self.at[positions].tolist(), self.rank[positions].tolist(), texts[4],
+            [values.get(i) for i in positions.tolist()], strict=True)))
+
+    def pack(self) -> bytes:
+        """The columns' bytes after a JSON header, zstd-compressed (``unpack``)."""
+        header = orjson.dumps({"length": len(self), "strings": self.strings.tolist(),
+                               "values": list(self.values.items())})
+        return zstandard.compress(b"".join([
+            FORMAT, len(header).to_bytes(8, "little"), header, self.ids.tobytes(),
+            self.codes.tobytes(), self.at.tobytes(), self.rank.tobytes()]), 3)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> KnownFacts | None:
+        """None when ``data`` was written in another format (it is then written anew)."""
+        data = zstandard.decompress(bytes(data))
+        if not data.startswith(FORMAT):
+            return None
+        start = len(FORMAT) + 8
+        size = int.from_bytes(data[len(FORMAT):start], "little")
+        header = orjson.loads(data[start:start + size])
+        count, offset = header["length"], start + size
+        columns = []
+        for dtype, shape in ((np.int64, (count,)), (np.int32, (count, len(cls.TEXTS))),
+                             (np.int64, (count,)), (np.int8, (count,))):
+            items = int(np.prod(shape))
+            columns.append(np.frombuffer(data, dtype=dtype, count=items, offset=offset)
+                           .reshape(shape))
+            offset += items * np.dtype(dtype).itemsize
+        return cls(*columns, header["strings"], {i: v for i, v in header["values"]})
+
+
+def _code(strings: dict[str, int], value: str) -> int:
+    found = strings.get(value)
+    if found is None:
+        found = strings[value] = len(strings)
+    return found
+
+
+# The facts of the last few incidents in this process: reading them from their stored row costs
+# more than the rest of a query.
+_KNOWN: dict[tuple[int, str], KnownFacts] = {}
 KNOWN_INCIDENTS = 4
 
 
-def incident_body_facts(incident_id: int, version: str) -> dict[int, list[list]]:
-    """What the stored body of each of the incident's requests on pods says (those that
-    ``_with_body``), by event id, each fact as the list of a ``pods.Fact``'s fields (a query
-    makes Facts of those it selects only), for the data version ``version``: kept in this
-    process and in the shared cache, read from the bodies by the first query that needs
-    them."""
+def incident_facts(incident_id: int, version: str) -> KnownFacts:
+    """Every fact of the incident's evidence about pods (its ``_evidence`` about pods and its
+    controllers' Events) for the data version ``version``: kept in this process, else read
+    from its stored row (``IncidentPodFacts``), else read from the rows and bodies and stored,
+    replacing those of an older version."""
     known = _KNOWN.get((incident_id, version))
     if known is not None:
         return known
-    digest = hashlib.sha256(version.encode()).hexdigest()[:20]
-    key = f"hindsight:pod-facts:{incident_id}:{digest}"
-    stored = cache.get(key)
-    if stored is not None:
-        known = {int(pk): facts for pk, facts in orjson.loads(stored).items()}
-    else:
-        everything = (Event.objects.filter(incident_id=incident_id, resource="pods")
-                      .filter(_with_body()).order_by())
-        known = _read_facts(aggregate.span_rows(everything, _ROW_FIELDS))
-        cache.set(key, orjson.dumps(known, option=orjson.OPT_NON_STR_KEYS), CACHE_SECONDS)
+    stored = (IncidentPodFacts.objects.filter(incident_id=incident_id, version=version)
+              .values_list("facts", flat=True).first())
+    known = KnownFacts.unpack(stored) if stored is not None else None
+    if known is None:
+        started = time.perf_counter()
+        everything = Event.objects.filter(incident_id=incident_id)
+        rows = [*aggregate.span_rows(everything.filter(Q(resource="pods") & _evidence())
+                                     .order_by(), _ROW_FIELDS),
+                *aggregate.span_rows(_controllers(everything).order_by(), _ROW_FIELDS)]
+        known = KnownFacts.of(facts_from_rows(rows))
+        _store(incident_id, version, known, time.perf_counter() - started)
     while len(_KNOWN) >= KNOWN_INCIDENTS:
         _KNOWN.pop(next(iter(_KNOWN)))
     _KNOWN[(incident_id, version)] = known
     return known
 
 
+def _store(incident_id: int, version: str, known: KnownFacts, seconds: float) -> None:
+    try:
+        with writing(incident_id):
+            IncidentPodFacts.objects.update_or_create(incident_id=incident_id, defaults={
+                "version": version, "facts": known.pack(), "unfiltered": None,
+                "seconds": seconds, "computed_at": timezone.now()})
+    except (IncidentGone, IntegrityError):  # deleted, or stored by another request meanwhile
+        pass
+
+
 def forget() -> None:
-    """Drop the facts this process keeps (``incident_body_facts``), as a new process starts."""
+    """Drop the facts this process keeps (``incident_facts``), as a new process starts."""
     _KNOWN.clear()
 
 
 def warm(incident_id: int) -> None:
-    """Read the stored bodies of the incident's requests on pods once (``incident_body_facts``)
-    and count the unfiltered pods, so that the first visit of the pod phases does neither; for
-    the end of an ingest."""
+    """Read and store the facts of the incident's evidence about pods once
+    (``incident_facts``) and count the unfiltered pods, so that the first visit of the pod
+    phases does neither; for the end of an ingest."""
     version = aggregate.data_version(incident_id)
     incident = Incident.objects.filter(pk=incident_id).first()
     if version is not None and incident is not None:
         with _no_collection():
-            incident_body_facts(incident_id, version)
+            incident_facts(incident_id, version)
         pod_phases(incident, QueryDict())
 
 
-def _read_facts(rows: Iterable[tuple]) -> dict[int, list[list]]:
-    """Facts of requests (rows of ``_ROW_FIELDS``, ``received`` in µs) read with their bodies,
-    each chunk decompressed once."""
+def facts_from_rows(rows: Iterable[tuple]) -> list[tuple[int, pods.Fact]]:
+    """``(event id, fact)`` of each row of ``_ROW_FIELDS`` (``received`` in µs), in event id
+    order; a successful request that ``pods.wants_body`` is read with its stored body, each
+    chunk decompressed once."""
+    tagged: list[tuple[int, list[pods.Fact]]] = []
     by_chunk: dict[int, list[tuple]] = defaultdict(list)
     for row in rows:
-        by_chunk[row[14]].append(row)
-    answer: dict[int, list[list]] = {}
+        if row[1] == "audit" and row[14] is not None and 200 <= (row[4] or 0) < 300 and \
+                pods.wants_body(row[2], row[3]):
+            by_chunk[row[14]].append(row)
+        else:
+            tagged.append((row[0], _facts_of_row(row)))
     chunk_ids = sorted(by_chunk)
     for start in range(0, len(chunk_ids), CHUNKS_PER_QUERY):
         batch = chunk_ids[start:start + CHUNKS_PER_QUERY]
@@ -225,16 +339,16 @@ def _read_facts(rows: Iterable[tuple]) -> dict[int, list[list]]:
             for row in by_chunk.pop(chunk_id):
                 index = row[15]
                 body = orjson.loads(lines[index]) if index < len(lines) else None
-                answer[row[0]] = _request_facts(row, body)
+                tagged.append((row[0], _request_facts(row, body)))
     for rows_left in by_chunk.values():  # chunks gone (a purge under way): columns only
         for row in rows_left:
-            answer[row[0]] = _request_facts(row, None)
-    return answer
+            tagged.append((row[0], _request_facts(row, None)))
+    tagged.sort(key=lambda t: t[0])
+    return [(pk, fact) for pk, facts in tagged for fact in facts]
 
 
-def _request_facts(row: tuple, body: dict | None) -> list[list]:
-    return [list(f) for f in pods.facts_of_request(row[2], row[3], row[6], row[7], row[8],
-                                                   row[9], body)]
+def _request_facts(row: tuple, body: dict | None) -> list[pods.Fact]:
+    return pods.facts_of_request(row[2], row[3], row[6], row[7], row[8], row[9], body)
 
 
 # --- HTTP -------------------------------------------------------------------------------------

@@ -516,6 +516,99 @@ def test_the_end_of_an_ingest_prepares_the_pods_for_every_process(api, incident,
     assert not [q for q in [*unfiltered, *counted] if "timelines_bodychunk" in q["sql"]]
 
 
+@pytest.fixture
+def mixed(incident, two_namespaces, ingest_file, fixtures_dir):
+    """Requests, status writes and a rollout's Events (its ReplicaSet's too) in one incident."""
+    kspan = fixtures_dir / "events" / "kspan-deployment-2-pods.yaml"
+    assert ingest_file(incident, kspan).status == "done"
+    return two_namespaces
+
+
+def test_the_stored_facts_give_the_answers_read_from_the_rows(incident, mixed):
+    """Each query's facts selected from those prepared for the incident give the answer that
+    the facts read from its own rows and bodies give (as while an upload runs)."""
+    _assert_stored_facts_answer_as_rows(incident, mixed)
+
+
+@pytest.mark.embedded
+def test_the_stored_facts_give_the_answers_read_from_the_rows_embedded(incident, mixed):
+    _assert_stored_facts_answer_as_rows(incident, mixed)
+
+
+def _assert_stored_facts_answer_as_rows(incident, mixed):
+    from django.http import QueryDict
+
+    from timelines.aggregate import data_version
+    from timelines.analysis import pods_views
+
+    web, db = mixed
+    version = data_version(incident.pk)
+    events = [(e.namespace, e.name, e.received) for e in
+              incident.events.filter(resource="pods", kind="event").order_by("received")]
+    _, _, first_event = events[0]
+    queries = [{}, {"kind": "event"}, {"kind": "audit"}, {"user": "kubelet"},
+               {"verb": "patch"}, {"namespace": "data", "kind": "audit"},
+               {"name": "web-7d9f8-abcde", "kind": "audit"},
+               {"since": _stamp(web["started"]), "until": _stamp(db["deleted"])},
+               {"since": _stamp(first_event), "until": _stamp(first_event + timedelta(
+                   minutes=1))},
+               {"name": events[-1][1], "since": _stamp(first_event)}]
+    answers = []
+    for query in queries:
+        params = QueryDict(mutable=True)
+        for name, value in query.items():
+            params[name] = value
+        pods_views.forget()
+        from_rows = pods_views._compute(incident, params, None)
+        pods_views.forget()
+        stored = pods_views._compute(incident, params, version)  # the stored row's facts
+        assert stored == from_rows, query
+        answers.append(stored)
+    assert all(answers[1:4]) and answers[0] != answers[1] != answers[2]
+    assert {p["name"] for p in answers[-1]} == {events[-1][1]}
+
+
+def test_an_evicted_cache_is_served_from_the_stored_facts(api, incident, mixed, ingest_file,
+                                                           tmp_path):
+    from django.core.cache import cache
+
+    from timelines.aggregate import data_version
+    from timelines.analysis import pods_views
+    from timelines.models import IncidentPodFacts
+    from timelines.tasks import finish_incident
+
+    finish_incident(incident.pk)
+    stored = IncidentPodFacts.objects.get(incident=incident)
+    assert stored.version == data_version(incident.pk)
+    url = _url(incident.pk)
+    queries = [{}, {"kind": "event"}, {"user": "kubelet"}, {"namespace": "data"}]
+    first = [api(url, q).json() for q in queries]
+    cache.clear()
+    pods_views.forget()  # a cache evicted, a new process
+    with CaptureQueriesContext(connection) as read:
+        again = [api(url, q).json() for q in queries]
+    assert again == first and all(first)
+    assert not [q for q in read if "timelines_bodychunk" in q["sql"]]
+    assert [q for q in read if "timelines_incidentpodfacts" in q["sql"]]
+    cache.clear()
+    with CaptureQueriesContext(connection) as unfiltered:  # the answer stored with the facts
+        assert api(url).json() == first[0]
+    assert not [q for q in unfiltered if "timelines_event" in q["sql"]]
+
+    # a new data version replaces the row; the incident's deletion removes it
+    log: list = []
+    _lifecycle(log, "late-0", "uid-9", T0 + timedelta(minutes=5), namespace="late")
+    _write_log(tmp_path / "late.log", log)
+    assert ingest_file(incident, tmp_path / "late.log").status == "done"
+    assert "late-0" in {p["name"] for p in api(url, {"user": "kubelet"}).json()}
+    replaced = IncidentPodFacts.objects.get(incident=incident)
+    assert replaced.version == data_version(incident.pk) != stored.version
+    from timelines.ingest.purge import delete_incident
+
+    assert delete_incident(incident)
+    assert not IncidentPodFacts.objects.filter(pk=stored.pk).exists()
+
+
 def test_outsiders_get_404(api_as, client, outsider, incident, two_namespaces):
     assert api_as(outsider).get(_url(incident.pk)).status_code == 404
     client.force_login(outsider)

@@ -141,7 +141,7 @@ def test_a_superuser_creates_in_any_team_or_none_and_others_only_in_theirs(
 def test_the_hint_names_every_kind_of_evidence_hindsight_reads(owner, settings):
     """Tied to the registries: a parser or bundle layout added without a word in the hint
     fails here."""
-    from timelines.bundles import _MARKERS
+    from timelines.ingest.unpacker import _MARKERS
     from timelines.parsers import FORMATS
 
     settings.MAX_UPLOAD_BYTES = 3 * 1024**3

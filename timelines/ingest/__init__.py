@@ -2,6 +2,8 @@
 
 - ``pipeline``: one upload from claim to finish (parse in one thread, write in another);
 - ``bundle``: a diagnose bundle unpacked into one child upload per file inside;
+- ``unpacker``: unpacking a bundle safely into a work directory (limits on size, ratio and
+  members; no path outside it), and what every file in it is;
 - ``store``: batches of rows merged into ``timelines_event`` (COPY, staging, merge rule);
 - ``bulk``: a large new incident COPYed into a table of its own, indexed once and attached as
   its partition;

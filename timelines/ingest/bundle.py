@@ -1,6 +1,6 @@
 """A diagnose bundle as uploads: one child upload per file inside, each ingested on its own.
 
-``unpack_upload`` extracts the bundle safely (``timelines.bundles``) into a work directory next to
+``unpack_upload`` extracts the bundle safely (``ingest.unpacker``) into a work directory next to
 the uploads and makes a child ``Upload`` for every file: ``pending`` for files a parser may read
 (with the layout's hints: component, node, year), ``failed`` for entries refused as hostile or
 over a limit, ``skipped`` (set by the pipeline) for files that hold nothing we read. The children
@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from incidents.models import Upload
 
-from ..bundles import Limits, unpack
 from ..parsers.base import MAX_KEPT_ERRORS
+from .unpacker import Limits, unpack
 
 PROGRESS_SECONDS = 1.0
 

@@ -31,7 +31,6 @@ from django.utils import timezone
 
 from incidents.models import IncidentGone, Upload
 
-from ..bundles import is_bundle
 from ..parsers import (
     InputError,
     ParseHints,
@@ -53,6 +52,7 @@ from .store import (
     write_copy,
     write_rows,
 )
+from .unpacker import is_bundle
 from .years import IncidentEvidence, record_guess
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""``timelines.bundles``: unpacking diagnose bundles safely, and what their layouts say.
+"""``timelines.ingest.unpacker``: unpacking diagnose bundles safely, and what their layouts say.
 
 No database. Expected values are derived in the test from the archives themselves (the real
 bundles read with the stdlib ``tarfile``, or the archives and directories the test builds),
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from timelines import bundles
-from timelines.bundles import Limits, Member, classify, is_bundle, unpack
+from timelines.ingest import unpacker
+from timelines.ingest.unpacker import Limits, Member, classify, is_bundle, unpack
 
 _BUNDLES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "bundles"
 MUST_GATHER = _BUNDLES / "openshift-must-gather-aws.tar.xz"
@@ -92,7 +92,7 @@ def assert_contained(workdir: Path) -> None:
     """No link of any kind and no leftover temporary directory inside ``workdir``."""
     for path in workdir.rglob("*"):
         assert not path.is_symlink(), path
-        assert not path.name.startswith(bundles.TMP_PREFIX), path
+        assert not path.name.startswith(unpacker.TMP_PREFIX), path
         if path.is_file():
             assert path.stat().st_nlink == 1, path
 
@@ -516,7 +516,7 @@ def test_temporary_files_are_removed_when_writing_fails(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(bundles.os, "replace", disk_full)
+    monkeypatch.setattr(unpacker.os, "replace", disk_full)
     workdir = tmp_path / "work"
     with pytest.raises(OSError, match="No space left"):
         run(bundle, workdir)
@@ -705,4 +705,4 @@ def test_an_unrecognised_file_is_described_for_the_list_of_unused_files(tmp_path
     # more formats are being added to the registry and may claim some of these.
     path = tmp_path / "file"
     path.write_bytes(content)
-    assert bundles._describe(path) == looks
+    assert unpacker._describe(path) == looks

@@ -24,7 +24,7 @@ import pytest
 
 from hindsight.testing import requests_in
 from incidents.models import Incident, Upload
-from timelines.bundles import Limits, unpack
+from timelines.ingest.unpacker import Limits, unpack
 from timelines.models import Event
 
 AUDIT = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "audit"

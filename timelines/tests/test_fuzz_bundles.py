@@ -1,7 +1,7 @@
-"""Fuzzing the bundle unpacker (``timelines.bundles.unpack``) with generated tar (plain, gzip,
-xz, bzip2) and zip archives: safe and hostile member names, links, devices, directories,
-duplicates, nested archives, gzip members, a compression bomb, tight limits, and archives cut
-short or with a byte changed. No database.
+"""Fuzzing the bundle unpacker (``timelines.ingest.unpacker.unpack``) with generated tar
+(plain, gzip, xz, bzip2) and zip archives: safe and hostile member names, links, devices,
+directories, duplicates, nested archives, gzip members, a compression bomb, tight limits, and
+archives cut short or with a byte changed. No database.
 
 Whatever the archive: ``unpack`` raises nothing, writes nothing outside its work directory and
 leaves no temporary file; every file it extracts holds exactly the bytes the archive gave that
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from timelines import bundles
-from timelines.bundles import Limits, unpack
+from timelines.ingest import unpacker
+from timelines.ingest.unpacker import Limits, unpack
 
 from .fuzzing import EXAMPLES, fuzz, odd
 
@@ -33,7 +33,7 @@ LIMIT_WORDS = ("ratio", "size limit", "too many files", "nested too deep")
 NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_-.é中 "
 HOSTILE_NAMES = ["../evil", "/tmp/evil-abs", "a/../../evil", "C:/evil", "..\\..\\evil",
                  "./../evil", "a/" * 600 + "deep", "x" * 300, ".", "", "./",
-                 bundles.TMP_PREFIX + "x/y"]
+                 unpacker.TMP_PREFIX + "x/y"]
 
 
 def _safe_name(rng: random.Random, index: int) -> str:
@@ -198,7 +198,7 @@ def test_generated_archives_unpack_safely_and_lose_no_member(scratch):
         # nothing outside the work directory, no temporary directory left in it
         assert sorted(p.name for p in root.iterdir()) == ["bundle.upload", "outside", "work"]
         assert list(outside.iterdir()) == []
-        assert not [p for p in work.iterdir() if p.name.startswith(bundles.TMP_PREFIX)]
+        assert not [p for p in work.iterdir() if p.name.startswith(unpacker.TMP_PREFIX)]
         on_disk = {str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()}
         extracted = {m.name: m.path.read_bytes() for m in members if m.path is not None}
         assert set(extracted) == on_disk

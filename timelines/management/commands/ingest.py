@@ -26,8 +26,8 @@ from django.db import DatabaseError, connection, connections
 from django.db.models import F, Q, Sum
 
 from incidents.models import Incident, IncidentGone, Team, Upload
-from timelines.bundles import is_bundle
 from timelines.ingest import bulk, create_local_upload, fail_upload, ingest_upload
+from timelines.ingest.unpacker import is_bundle
 from timelines.queries import shared_cache
 from timelines.tasks import finish_incident
 

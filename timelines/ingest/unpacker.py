@@ -34,8 +34,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
 
-from timelines.parsers import describe_unknown, detect, read_head
-from timelines.parsers.base import GZIP_MAGIC, ParseHints
+from ..parsers import describe_unknown, detect, read_head
+from ..parsers.base import GZIP_MAGIC, ParseHints
 
 CHUNK = 1 << 20
 # A ratio is judged only past this many bytes: small files compress arbitrarily well, and what

@@ -313,6 +313,8 @@ SPECS = {
     ("incident-stats", "GET"): (READ, lambda w: inc(w, "stats/?by=verb")),
     ("incident-stats-inflight", "GET"): (READ, lambda w: inc(w, "stats/inflight/?by=verb")),
     ("stats-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/stats/"),
+    ("incident-pods", "GET"): (READ, lambda w: inc(w, "pods/")),
+    ("pods-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/pods/"),
     ("incident-history", "GET"): (READ, lambda w: inc(w, "history/?resource=pods&name=x")),
     ("history-page", "GET"): (PAGE, lambda w: f"/incidents/{w.incident.pk}/history/"),
     # run b is the incident itself: both runs must be visible, and so is this one

@@ -49,11 +49,13 @@ from ..queries import BadQuery
 from . import filtered, pods
 
 CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory
-FORMAT = b"hindsight pod facts 1\n"  # the first bytes of a stored ``KnownFacts``
+FORMAT = b"hindsight pod facts 2\n"  # the first bytes of a stored ``KnownFacts``
 CHUNKS_PER_QUERY = 100  # body chunks fetched at once (about 100 × 100 kB compressed)
 MAX_WITH = 8  # incidents drawn beside this one on the page
 # Filters that select whole pods, so that their answer is a part of the unfiltered one.
 POD_FILTERS = frozenset({"namespace", "name", "resource"})
+# Filters of rows that the prepared facts answer themselves (``KnownFacts.where``).
+COLUMN_FILTERS = frozenset({"kind", "since", "until"})
 _ROW_FIELDS = ("id", "kind", "verb", "subresource", "code", "resource", "namespace", "name",
                "object_uid", "received", "reason", "severity", "count", "message", "body_chunk",
                "body_index")
@@ -131,8 +133,9 @@ def _controllers(events):
 def _compute(incident: Incident, params: QueryDict, version: str | None) -> list[dict]:
     """The answer to ``params``: the facts of the matching rows (``_evidence`` about pods and
     controllers' Events), assembled into pods. With a data version they are those prepared for
-    the whole incident (``incident_facts``), selected by the ids of the matching rows: a query
-    reads ids, no other column and no body; without one (an upload is running) they are read
+    the whole incident (``incident_facts``), selected by their events' kind and time for the
+    filters ``kind``, ``since`` and ``until``, else by the ids of the matching rows (a query
+    reads ids, no other column and no body); without one (an upload is running) they are read
     from the rows and bodies this query selects (``facts_from_rows``), as when preparing."""
     resources = [r for r in params.getlist("resource") if r.strip()]
     names = {n.strip() for n in params.getlist("name") if n.strip()}
@@ -142,6 +145,11 @@ def _compute(incident: Incident, params: QueryDict, version: str | None) -> list
     events = filtered(incident, rest)  # raises BadQuery
     if resources and "pods" not in resources:
         return []
+    if version is not None and not names:
+        window = _kind_and_window(rest)
+        if window is not None:  # no row to read
+            return [pod.as_json() for pod in pods.assemble(
+                incident_facts(incident.pk, version).where(*window))]
     about_pods = events.filter(resource="pods")
     if names:
         # a create of a generated name is read whatever its pod's name turns out to be
@@ -158,6 +166,26 @@ def _compute(incident: Incident, params: QueryDict, version: str | None) -> list
     if names:
         facts = [f for f in facts if f.name in names]
     return [pod.as_json() for pod in pods.assemble(facts)]
+
+
+def _kind_and_window(params: QueryDict) -> tuple[list[str], int | None, int | None] | None:
+    """The values of ``kind``, ``since`` and ``until`` (µs) when no other events filter is
+    given (``KnownFacts.where`` answers those), else None."""
+    given = {name for name, values in params.lists() if name in EventFilterSet.base_filters
+             and any(v.strip() for v in values)}
+    if not given <= COLUMN_FILTERS:
+        return None
+    filterset = EventFilterSet(params, queryset=Event.objects.none())
+    if not filterset.is_valid():
+        return None
+    data = filterset.form.cleaned_data
+    bounds = []
+    for name in ("since", "until"):
+        moment = data.get(name)
+        if moment is not None and moment.tzinfo is None:
+            return None
+        bounds.append(None if moment is None else pods.microseconds(moment))
+    return list(data.get("kind") or []), *bounds
 
 
 @contextmanager
@@ -187,13 +215,17 @@ class KnownFacts:
     """Every fact of an incident's evidence about pods (``pods.Fact``) as columns, with the id
     of the event that gave it (``ids``), in the order ``pods.assemble`` takes them (namespace,
     name, time, …, event id): a query's facts are a selection, made into Facts only then, in
-    that order. Strings are codes into ``strings``; ``values`` by position, where not None."""
+    that order. Strings are codes into ``strings``; ``values`` by position, where not None;
+    ``kinds`` and ``received`` are those of the fact's event, for the filters that ``where``
+    answers without the database."""
 
     TEXTS = ("namespace", "name", "uid", "field", "source")
 
     def __init__(self, ids: np.ndarray, codes: np.ndarray, at: np.ndarray, rank: np.ndarray,
-                 strings: list[str], values: dict[int, object]):
+                 kinds: np.ndarray, received: np.ndarray, strings: list[str],
+                 values: dict[int, object]):
         self.ids, self.codes, self.at, self.rank = ids, codes, at, rank
+        self.kinds, self.received = kinds, received
         self.strings = np.array(strings, dtype=object)
         self.values = values
 
@@ -201,24 +233,43 @@ class KnownFacts:
         return len(self.ids)
 
     @classmethod
-    def of(cls, tagged: list[tuple[int, pods.Fact]]) -> KnownFacts:
-        """From ``(event id, fact)`` pairs in event id order (``facts_from_rows``)."""
+    def of(cls, tagged: list[tuple[tuple, pods.Fact]]) -> KnownFacts:
+        """From ``(row, fact)`` pairs in event id order (``facts_from_rows``)."""
         tagged.sort(key=lambda t: (t[1].namespace, t[1].name, t[1].at, pods.ORDER[t[1].field],
-                                   t[1].rank, t[0]))
+                                   t[1].rank, t[0][0]))
         strings: dict[str, int] = {}
         code = functools.partial(_code, strings)
         count = len(tagged)
         codes = np.array([[code(getattr(f, name)) for name in cls.TEXTS] for _, f in tagged],
                          dtype=np.int32).reshape(count, len(cls.TEXTS))
-        return cls(np.fromiter((pk for pk, _ in tagged), dtype=np.int64, count=count), codes,
-                   np.fromiter((f.at for _, f in tagged), dtype=np.int64, count=count),
+        return cls(np.fromiter((row[0] for row, _ in tagged), dtype=np.int64, count=count),
+                   codes, np.fromiter((f.at for _, f in tagged), dtype=np.int64, count=count),
                    np.fromiter((f.rank for _, f in tagged), dtype=np.int8, count=count),
+                   np.fromiter((code(row[1]) for row, _ in tagged), dtype=np.int32,
+                               count=count),
+                   np.fromiter((row[9] for row, _ in tagged), dtype=np.int64, count=count),
                    list(strings),
                    {i: f.value for i, (_, f) in enumerate(tagged) if f.value is not None})
 
     def select(self, event_ids: np.ndarray) -> list[pods.Fact]:
         """The facts of these events, in the order above."""
-        positions = np.flatnonzero(np.isin(self.ids, event_ids))
+        return self._facts(np.flatnonzero(np.isin(self.ids, event_ids)))
+
+    def where(self, kinds: list[str], since: int | None, until: int | None) -> list[pods.Fact]:
+        """The facts of events of one of these ``kinds`` (any when empty) received from
+        ``since`` to ``until`` (µs, inclusive; None: unbounded): the events filters ``kind``,
+        ``since`` and ``until``."""
+        keep = np.ones(len(self), dtype=bool)
+        if kinds:
+            codes = [i for i, text in enumerate(self.strings.tolist()) if text in set(kinds)]
+            keep &= np.isin(self.kinds, codes)
+        if since is not None:
+            keep &= self.received >= since
+        if until is not None:
+            keep &= self.received <= until
+        return self._facts(np.flatnonzero(keep))
+
+    def _facts(self, positions: np.ndarray) -> list[pods.Fact]:
         texts = [self.strings[self.codes[positions, i]].tolist()
                  for i in range(len(self.TEXTS))]
         values = self.values
@@ -232,7 +283,8 @@ class KnownFacts:
                                "values": list(self.values.items())})
         return zstandard.compress(b"".join([
             FORMAT, len(header).to_bytes(8, "little"), header, self.ids.tobytes(),
-            self.codes.tobytes(), self.at.tobytes(), self.rank.tobytes()]), 3)
+            self.codes.tobytes(), self.at.tobytes(), self.rank.tobytes(),
+            self.kinds.tobytes(), self.received.tobytes()]), 3)
 
     @classmethod
     def unpack(cls, data: bytes) -> KnownFacts | None:
@@ -246,7 +298,8 @@ class KnownFacts:
         count, offset = header["length"], start + size
         columns = []
         for dtype, shape in ((np.int64, (count,)), (np.int32, (count, len(cls.TEXTS))),
-                             (np.int64, (count,)), (np.int8, (count,))):
+                             (np.int64, (count,)), (np.int8, (count,)), (np.int32, (count,)),
+                             (np.int64, (count,))):
             items = int(np.prod(shape))
             columns.append(np.frombuffer(data, dtype=dtype, count=items, offset=offset)
                            .reshape(shape))
@@ -319,18 +372,18 @@ def warm(incident_id: int) -> None:
         pod_phases(incident, QueryDict())
 
 
-def facts_from_rows(rows: Iterable[tuple]) -> list[tuple[int, pods.Fact]]:
-    """``(event id, fact)`` of each row of ``_ROW_FIELDS`` (``received`` in µs), in event id
+def facts_from_rows(rows: Iterable[tuple]) -> list[tuple[tuple, pods.Fact]]:
+    """``(row, fact)`` of each row of ``_ROW_FIELDS`` (``received`` in µs), in event id
     order; a successful request that ``pods.wants_body`` is read with its stored body, each
     chunk decompressed once."""
-    tagged: list[tuple[int, list[pods.Fact]]] = []
+    tagged: list[tuple[tuple, list[pods.Fact]]] = []
     by_chunk: dict[int, list[tuple]] = defaultdict(list)
     for row in rows:
         if row[1] == "audit" and row[14] is not None and 200 <= (row[4] or 0) < 300 and \
                 pods.wants_body(row[2], row[3]):
             by_chunk[row[14]].append(row)
         else:
-            tagged.append((row[0], _facts_of_row(row)))
+            tagged.append((row, _facts_of_row(row)))
     chunk_ids = sorted(by_chunk)
     for start in range(0, len(chunk_ids), CHUNKS_PER_QUERY):
         batch = chunk_ids[start:start + CHUNKS_PER_QUERY]
@@ -339,12 +392,12 @@ def facts_from_rows(rows: Iterable[tuple]) -> list[tuple[int, pods.Fact]]:
             for row in by_chunk.pop(chunk_id):
                 index = row[15]
                 body = orjson.loads(lines[index]) if index < len(lines) else None
-                tagged.append((row[0], _request_facts(row, body)))
+                tagged.append((row, _request_facts(row, body)))
     for rows_left in by_chunk.values():  # chunks gone (a purge under way): columns only
         for row in rows_left:
-            tagged.append((row[0], _request_facts(row, None)))
-    tagged.sort(key=lambda t: t[0])
-    return [(pk, fact) for pk, facts in tagged for fact in facts]
+            tagged.append((row, _request_facts(row, None)))
+    tagged.sort(key=lambda t: t[0][0])
+    return [(row, fact) for row, facts in tagged for fact in facts]
 
 
 def _request_facts(row: tuple, body: dict | None) -> list[pods.Fact]:

@@ -552,6 +552,8 @@ def _assert_stored_facts_answer_as_rows(incident, mixed):
                {"since": _stamp(web["started"]), "until": _stamp(db["deleted"])},
                {"since": _stamp(first_event), "until": _stamp(first_event + timedelta(
                    minutes=1))},
+               {"kind": "audit", "until": _stamp(web["ready"])},
+               {"kind": "event", "since": _stamp(first_event + timedelta(seconds=1))},
                {"name": events[-1][1], "since": _stamp(first_event)}]
     answers = []
     for query in queries:

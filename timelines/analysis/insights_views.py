@@ -42,7 +42,13 @@ def _answer(found: list[dict], row) -> HttpResponse:
         "`deletion`, `recreated-object`, `error-burst`, `conflicting-writers`, "
         "`audit-coverage`. `POST` (writers): compute them again now."),
     request=None,
-    responses={200: OpenApiResponse(OpenApiTypes.OBJECT)},
+    responses={200: OpenApiResponse({"type": "array", "items": {
+        "type": "object", "required": ["kind", "title", "severity", "events"], "properties": {
+            "id": {"type": "integer"}, "kind": {"type": "string"},
+            "title": {"type": "string"}, "severity": {"type": "string"},
+            "explanation": {"type": "string"},
+            "events": {"type": "array", "items": {"type": "integer"}},
+            "event_count": {"type": "integer"}}}})},
 )
 @api_view(["GET", "POST"])
 def insights_api(request, incident_pk: int):

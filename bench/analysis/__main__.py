@@ -25,8 +25,6 @@ again as the analysis grows. Medians and every run go to stdout and
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -35,14 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VENV = ROOT / ".venv"
-VENV_PYTHON = VENV / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
+from benchlib import ROOT, reexec_in_venv, script_module  # noqa: E402
 
-if Path(sys.prefix).resolve() != VENV.resolve() and VENV_PYTHON.exists() \
-        and not os.environ.get("HINDSIGHT_BENCH_REEXEC"):
-    os.environ["HINDSIGHT_BENCH_REEXEC"] = "1"
-    os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve().parent), *sys.argv[1:]])
+reexec_in_venv(__file__)
 
 OUT_DIR = ROOT / "bench" / "out"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_analysis_bench"
@@ -52,16 +46,6 @@ BY = ("user", "user_agent", "verb", "resource", "namespace", "code")
 OTHER_ENDPOINTS = ("insights", "pods")
 WINDOW = 18_000  # events in the zoomed window (a quarter of them in a smaller incident)
 
-
-def _module(name: str, path: Path):
-    """A benchmark script as a module (``bench/ingest`` has no suffix, ``bench/figure`` is a
-    ``__main__``): their data, database and machine helpers are reused rather than copied."""
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look themselves up there
-    loader.exec_module(module)
-    return module
 
 
 def queries(incident_id: int) -> list[tuple[str, str, dict]]:
@@ -188,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "bench" / "figure"))  # its build.py
-    ingest = _module("bench_ingest", ROOT / "bench" / "ingest")
-    figure = _module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
+    ingest = script_module("bench_ingest", ROOT / "bench" / "ingest")
+    figure = script_module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
     ingest._bench_database(args.database_url)  # refuses a database not named *bench*
     columns_dir = OUT_DIR / "analysis-columns"
     shutil.rmtree(columns_dir, ignore_errors=True)

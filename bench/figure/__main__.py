@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -41,14 +39,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VENV = ROOT / ".venv"
-VENV_PYTHON = VENV / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
+from benchlib import ROOT, reexec_in_venv, script_module  # noqa: E402
 
-if Path(sys.prefix).resolve() != VENV.resolve() and VENV_PYTHON.exists() \
-        and not os.environ.get("HINDSIGHT_BENCH_REEXEC"):
-    os.environ["HINDSIGHT_BENCH_REEXEC"] = "1"
-    os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve().parent), *sys.argv[1:]])
+reexec_in_venv(__file__)
 
 OUT_DIR = ROOT / "bench" / "out"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_figure_bench"
@@ -56,16 +50,6 @@ DEFAULT_CACHE_URL = "redis://127.0.0.1:6379/13"
 TITLE = "figure bench"
 USERNAME = "bench"
 
-
-def _ingest_bench():
-    """``bench/ingest`` as a module (it has no .py suffix): its fixture list, database and
-    machine helpers are reused rather than copied."""
-    loader = importlib.machinery.SourceFileLoader("bench_ingest", str(ROOT / "bench" / "ingest"))
-    spec = importlib.util.spec_from_loader("bench_ingest", loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_ingest"] = module  # its dataclasses look themselves up there
-    loader.exec_module(module)
-    return module
 
 
 def fixture_files(ingest) -> list[Path]:
@@ -263,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-index", action="store_true",
                         help="no column index: every cold heatmap is counted by PostgreSQL")
     args = parser.parse_args(argv)
-    ingest = _ingest_bench()
+    ingest = script_module("bench_ingest", ROOT / "bench" / "ingest")
     ingest._bench_database(args.database_url)  # refuses a database not named *bench*
     columns_dir = OUT_DIR / "figure-columns"
     shutil.rmtree(columns_dir, ignore_errors=True)

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.machinery
-import importlib.util
 import json
 import os
 import secrets
@@ -43,14 +41,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VENV = ROOT / ".venv"
-VENV_PYTHON = VENV / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
+from benchlib import ROOT, VENV, VENV_PYTHON, reexec_in_venv, script_module  # noqa: E402
 
-if Path(sys.prefix).resolve() != VENV.resolve() and VENV_PYTHON.exists() \
-        and not os.environ.get("HINDSIGHT_BENCH_REEXEC"):
-    os.environ["HINDSIGHT_BENCH_REEXEC"] = "1"
-    os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve().parent), *sys.argv[1:]])
+reexec_in_venv(__file__)
 
 import redis  # noqa: E402  (after the re-exec into the virtualenv)
 import requests  # noqa: E402
@@ -70,17 +64,8 @@ USERNAME = "load-bench"
 FINISHED = {"done", "failed", "skipped"}
 
 
-def _module(name: str, path: Path):
-    """``bench/ingest`` as a module (it has no suffix): its generator and database helpers."""
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
 
-
-bench_ingest = _module("bench_ingest", ROOT / "bench" / "ingest")
+bench_ingest = script_module("bench_ingest", ROOT / "bench" / "ingest")
 
 
 def _free_port() -> int:

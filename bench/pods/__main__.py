@@ -29,8 +29,6 @@ network), ``--runs`` times each:
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
 import random
@@ -41,14 +39,10 @@ from datetime import timedelta
 from io import BytesIO
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VENV = ROOT / ".venv"
-VENV_PYTHON = VENV / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
+from benchlib import ROOT, reexec_in_venv, script_module  # noqa: E402
 
-if Path(sys.prefix).resolve() != VENV.resolve() and VENV_PYTHON.exists() \
-        and not os.environ.get("HINDSIGHT_BENCH_REEXEC"):
-    os.environ["HINDSIGHT_BENCH_REEXEC"] = "1"
-    os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve().parent), *sys.argv[1:]])
+reexec_in_venv(__file__)
 
 OUT_DIR = ROOT / "bench" / "out"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_pods_bench"
@@ -57,15 +51,6 @@ REQUESTS_PER_POD, EVENTS_PER_POD = 8, 5
 NAMESPACES = 40
 NODES = 12
 
-
-def _module(name: str, path: Path):
-    """A benchmark script as a module (as ``bench/overview`` does)."""
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
 
 
 def _stamp(at, whole: bool = False) -> str:
@@ -317,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "bench" / "figure"))  # its build.py
-    ingest = _module("bench_ingest", ROOT / "bench" / "ingest")
-    figure = _module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
+    ingest = script_module("bench_ingest", ROOT / "bench" / "ingest")
+    figure = script_module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
     ingest._bench_database(args.database_url)  # refuses a database not named *bench*
     # the in-process cache, emptied before every cold run without flushing a shared Redis
     figure.setup_django(args.database_url, "", OUT_DIR / "pods-columns")

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import calendar
-import importlib.machinery
-import importlib.util
 import json
 import math
 import os
@@ -48,14 +46,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VENV = ROOT / ".venv"
-VENV_PYTHON = VENV / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
+from benchlib import ROOT, reexec_in_venv, script_module  # noqa: E402
 
-if Path(sys.prefix).resolve() != VENV.resolve() and VENV_PYTHON.exists() \
-        and not os.environ.get("HINDSIGHT_BENCH_REEXEC"):
-    os.environ["HINDSIGHT_BENCH_REEXEC"] = "1"
-    os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve().parent), *sys.argv[1:]])
+reexec_in_venv(__file__)
 
 OUT_DIR = ROOT / "bench" / "out"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_scale_bench"
@@ -63,20 +57,11 @@ TITLE = "scale bench"
 P95_TARGET_MS = 50.0
 
 
-def _load(name: str, path: Path):
-    """``bench/overview``, whose ``_module`` then loads the other benchmarks as modules."""
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
 
-
-overview = _load("bench_overview", ROOT / "bench" / "overview" / "__main__.py")
-ingest = overview._module("bench_ingest", ROOT / "bench" / "ingest")
-figure = overview._module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
-delete = overview._module("bench_delete", ROOT / "bench" / "delete")
+overview = script_module("bench_overview", ROOT / "bench" / "overview" / "__main__.py")
+ingest = script_module("bench_ingest", ROOT / "bench" / "ingest")
+figure = script_module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
+delete = script_module("bench_delete", ROOT / "bench" / "delete")
 
 
 def load() -> float:
@@ -244,7 +229,7 @@ def measure_api(incident_id: int, runs: int) -> dict[str, list[dict]]:
 
     user = get_user_model().objects.filter(username="bench").first() or \
         get_user_model().objects.create_superuser("bench", "bench@example.com", None)
-    client = Client()
+    client = Client(HTTP_HOST="localhost")  # one of the default ALLOWED_HOSTS
     client.force_login(user)
 
     def timed(url: str, query: dict, cold: bool) -> tuple[float, Any]:

@@ -139,14 +139,16 @@ def test_a_team_admin_deletes_an_incident_and_all_of_it_answers_404(case, team_a
 def test_the_deletion_request_leaves_the_events_to_the_purge(case, superuser):
     """What makes it quick whatever the size: no statement of the request reads or writes the
     event or body chunk tables (the whole deletion is a few small rows)."""
+    client = logged_in(superuser)  # its sign-in's statements are not the request's
     with CaptureQueriesContext(connection) as queries:
-        response = logged_in(superuser).delete(f"/api/v1/incidents/{case.id}/")
+        response = client.delete(f"/api/v1/incidents/{case.id}/")
 
     assert response.status_code == 204
-    touching = [q["sql"] for q in queries.captured_queries
-                if re.search(r"timelines_(event|bodychunk)\b", q["sql"])]
+    statements = [q["sql"] for q in queries.captured_queries]
+    touching = [sql for sql in statements if re.search(r"timelines_(event|bodychunk)\b", sql)]
     assert touching == []
-    assert 5 < len(queries.captured_queries) < 40, [q["sql"] for q in queries.captured_queries]
+    # a few per table holding rows of the incident, however many events it has
+    assert 5 < len(statements) < 40, "\n".join(sql[:150] for sql in statements)
 
 
 @pytest.mark.parametrize(("who", "expected"), [

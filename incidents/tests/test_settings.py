@@ -45,8 +45,11 @@ def read_by_settings() -> set[str]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any setting the tests did not choose."""
+    # DJANGO_ALLOW_ASYNC_UNSAFE: set by the browser tests' fixture in this process (conftest.py),
+    # never in production, where check --deploy rightly refuses it
     env = {k: v for k, v in os.environ.items()
-           if k not in documented() and k != "DJANGO_SETTINGS_MODULE"}
+           if k not in documented() and k not in ("DJANGO_SETTINGS_MODULE",
+                                                  "DJANGO_ALLOW_ASYNC_UNSAFE")}
     env.update(DJANGO_SETTINGS_MODULE="hindsight.settings", **extra)
     return env
 

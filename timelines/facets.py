@@ -33,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 import numpy as np
+import orjson
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.http import QueryDict
 
@@ -334,6 +336,22 @@ def cache_key(incident_id: int, version: str | None, answer: str,
     normal = sorted((name, sorted(values)) for name, values in query)
     digest = hashlib.sha256(repr((version, answer, normal)).encode()).hexdigest()[:40]
     return f"hindsight:{answer}:{incident_id}:{digest}"
+
+
+def cached_json(incident: Incident, params: QueryDict, answer: str, own: Sequence[str],
+                make) -> bytes:
+    """``make(incident, params, version=…)`` as JSON bytes, cached under the incident's data
+    version, the ``answer``'s name and the query (its filters and ``own`` parameters); not
+    cached while an upload runs. The facets, the overview and the request time statistics are
+    cached this way."""
+    version = aggregate.data_version(incident.pk)
+    key = cache_key(incident.pk, version, answer, query_of(params, own))
+    body = cache.get(key) if key is not None else None
+    if body is None:
+        body = orjson.dumps(make(incident, params, version=version))
+        if key is not None:
+            cache.set(key, body, CACHE_SECONDS)
+    return body
 
 
 def facets(incident: Incident, params: QueryDict, *, version: str | None) -> dict:

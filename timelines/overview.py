@@ -9,14 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
-from django.core.cache import cache
 from django.http import QueryDict
 
 from incidents.models import Incident
 
-from . import aggregate, facets
-from .facets import SERIES, bounded, cache_key, moment, query_of, rank
+from . import facets
+from .facets import SERIES, bounded, moment, rank
 from .figures import Bins, microseconds
 from .queries import window_of
 
@@ -147,21 +145,11 @@ def _window(params: QueryDict) -> tuple[int | None, int | None]:
 
 def facets_json(incident: Incident, params: QueryDict) -> bytes:
     """``facets.facets`` as JSON bytes, cached under the data version and the query."""
-    return _cached(incident, params, "facets", ("field", "limit", "contains"), facets.facets)
+    return facets.cached_json(incident, params, "facets", ("field", "limit", "contains"),
+                              facets.facets)
 
 
 def overview_json(incident: Incident, params: QueryDict) -> bytes:
     """``overview`` as JSON bytes, cached under the data version and the query."""
-    return _cached(incident, params, "overview", ("top",), overview)
+    return facets.cached_json(incident, params, "overview", ("top",), overview)
 
-
-def _cached(incident: Incident, params: QueryDict, answer: str, own: tuple[str, ...],
-            make) -> bytes:
-    version = aggregate.data_version(incident.pk)
-    key = cache_key(incident.pk, version, answer, query_of(params, own))
-    body = cache.get(key) if key is not None else None
-    if body is None:
-        body = orjson.dumps(make(incident, params, version=version))
-        if key is not None:
-            cache.set(key, body, facets.CACHE_SECONDS)
-    return body

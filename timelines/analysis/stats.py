@@ -38,14 +38,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import numpy as np
-import orjson
-from django.core.cache import cache
 from django.db import connection, transaction
 from django.http import QueryDict
 
 from incidents.models import Incident
 
-from .. import aggregate, facets
+from .. import facets
 from ..figures import EPOCH, Bins, microseconds
 from ..queries import BadQuery
 
@@ -328,21 +326,10 @@ def inflight(incident: Incident, params: QueryDict, *, version: str | None) -> d
     return {"by": by, **answer}
 
 
-def _cached(incident: Incident, params: QueryDict, answer: str, own: tuple[str, ...],
-            make) -> bytes:
-    version = aggregate.data_version(incident.pk)
-    key = facets.cache_key(incident.pk, version, answer, facets.query_of(params, own))
-    body = cache.get(key) if key is not None else None
-    if body is None:
-        body = orjson.dumps(make(incident, params, version=version))
-        if key is not None:
-            cache.set(key, body, facets.CACHE_SECONDS)
-    return body
-
 
 def stats_json(incident: Incident, params: QueryDict) -> bytes:
-    return _cached(incident, params, "stats", ("by", "limit"), stats)
+    return facets.cached_json(incident, params, "stats", ("by", "limit"), stats)
 
 
 def inflight_json(incident: Incident, params: QueryDict) -> bytes:
-    return _cached(incident, params, "inflight", ("by", "top", "bins"), inflight)
+    return facets.cached_json(incident, params, "inflight", ("by", "top", "bins"), inflight)

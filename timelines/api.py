@@ -67,23 +67,49 @@ class IncidentEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return self.get_paginated_response(event_rows(page))
 
 
-def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | None = None,
-             reverse: bool = False):
-    """``queryset``, the incident's events filtered by ``params``, narrowed for a page of the
-    cursor pagination with the incident's column index (``timelines.columns``) when it is at
-    the current data version and holds every filter given. The page reads the first ``rows``
-    matching events received after ``position`` (the cursor's, exclusive; before it when
-    ``reverse``): no query at all when there is none, else ``received`` between the first and
-    the last of them (inclusive, so those rows stay, in the same order, whatever their ties).
-    Without it a value that no index of the table leads with (namespace, code, name, verb …),
-    absent, rare or only late in the incident, walks the incident in time order until the page
-    is full. Unchanged when the index cannot serve (``q``, ``group``, ``audit_id``, ``id``, no
-    index yet, an upload running) or when only ``since``/``until`` are given (the database's
-    ``(incident, received)`` index does that)."""
+_UNSERVED = object()  # index_reach: the column index cannot answer this query
+_LAST = 2 ** 62  # µs beyond any event: ``before`` it reaches back from the incident's end
+
+
+def index_reach(incident_id: int, params, queryset, *, rows: int, after: int | None = None,
+                before: int | None = None):
+    """Where the incident's column index finds the first ``rows`` events matching ``params``
+    received after ``after`` (µs, exclusive; or the last ones before ``before``):
+    ``(first, last)`` µs, None when there is none, ``_UNSERVED`` when the index cannot say (it
+    is not at the current data version, or does not hold every filter given: ``q``,
+    ``group``, ``audit_id``, ``id``; or only ``since``/``until`` are given, which the
+    database's ``(incident, received)`` index serves as well)."""
     given = {n: v for n, v in params.lists() if n in EventFilterSet.base_filters and any(v)}
     if not any(name in columns.FILTER_COLUMNS for name in given) \
             or not columns.ColumnIndex.serves(given):
-        return queryset
+        return _UNSERVED
+    version = aggregate.data_version(incident_id)
+    index = columns.load(incident_id, version) if version is not None else None
+    if index is None:
+        return _UNSERVED
+    filterset = EventFilterSet(params, queryset=queryset)
+    if not filterset.is_valid():  # the filter backend has refused it already
+        return _UNSERVED
+    data = filterset.form.cleaned_data
+    return index.reach({n: data.get(n) for n in given if n in columns.FILTER_COLUMNS},
+                       data.get("since"), data.get("until"), count=rows, after=after,
+                       before=before)
+
+
+def _moment(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | None = None,
+             reverse: bool = False):
+    """``queryset``, the incident's events filtered by ``params``, narrowed for a page of the
+    cursor pagination with the incident's column index (``index_reach``). The page reads the
+    first ``rows`` matching events received after ``position`` (the cursor's, exclusive;
+    before it when ``reverse``): no query at all when there is none, else ``received`` between
+    the first and the last of them (inclusive, so those rows stay, in the same order, whatever
+    their ties). Without it a value that no index of the table leads with (namespace, code,
+    name, verb …), absent, rare or only late in the incident, walks the incident in time order
+    until the page is full. Unchanged where the index cannot serve."""
     point = None
     if reverse and position is None:  # not a cursor the paginator writes
         return queryset
@@ -95,21 +121,13 @@ def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | N
         if moment is None or moment.tzinfo is None:
             return queryset  # not one of ours: the paginator answers it as it can
         point = microseconds(moment)
-    version = aggregate.data_version(incident_id)
-    index = columns.load(incident_id, version) if version is not None else None
-    if index is None:
-        return queryset
-    filterset = EventFilterSet(params, queryset=queryset)
-    if not filterset.is_valid():  # the filter backend has refused it already
-        return queryset
-    data = filterset.form.cleaned_data
-    span = index.reach({n: data.get(n) for n in given if n in columns.FILTER_COLUMNS},
-                       data.get("since"), data.get("until"), count=rows,
+    span = index_reach(incident_id, params, queryset, rows=rows,
                        after=None if reverse else point, before=point if reverse else None)
+    if span is _UNSERVED:
+        return queryset
     if span is None:
         return queryset.none()
-    return queryset.filter(received__gte=EPOCH + timedelta(microseconds=span[0]),
-                           received__lte=EPOCH + timedelta(microseconds=span[1]))
+    return queryset.filter(received__gte=_moment(span[0]), received__lte=_moment(span[1]))
 
 
 class EventViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -274,6 +292,22 @@ def incident_event_step(request, incident_pk: int):
             queryset = queryset.filter(Q(received__gt=received) | Q(received=received, id__gt=pk))
         else:
             queryset = queryset.filter(Q(received__lt=received) | Q(received=received, id__lt=pk))
+    # The column index says how far the neighbour can be: the first match strictly after
+    # (before) the anchor's time bounds it, an event at the anchor's own time with a greater
+    # (smaller) id being the only nearer one; no match at all answers null without a query.
+    point = microseconds(received) if origin else None
+    forward = direction == "next"
+    span = index_reach(incident.pk, request.query_params, queryset, rows=1,
+                       after=point if forward else None,
+                       before=None if forward else (point if origin else _LAST))
+    if span is not _UNSERVED:
+        if span is not None:
+            bound = _moment(span[0])
+        elif origin:
+            bound = received  # only events at the anchor's own time can follow it
+        else:
+            return Response({"event": None})
+        queryset = queryset.filter(**{"received__lte" if forward else "received__gte": bound})
     if direction == "previous":
         queryset = queryset.order_by("-received", "-id")
     event = queryset.first()

@@ -1,6 +1,7 @@
-"""The events list narrowed by the column index (``timelines.api.narrowed``): with an index and
-without one, every filter kind gives the same events, page by page in both directions, and a
-value no event holds is answered without reading the events."""
+"""The events list and the step endpoint narrowed by the column index (``timelines.api``
+``narrowed``, ``index_reach``): with an index and without one, every filter kind gives the same
+events, page by page in both directions and step by step, and a value no event holds is
+answered without reading the events."""
 
 from __future__ import annotations
 
@@ -188,6 +189,71 @@ def test_an_upload_running_leaves_the_query_to_the_database(indexed, client):
     assert '"timelines_event"."received" <=' not in sql
     assert [e["name"] for e in client.get(URL.format(indexed.pk), {"namespace": "new"})
             .json()["results"]] == [""]
+
+
+# --- stepping (j/k) -----------------------------------------------------------------------------
+
+STEP_URL = "/api/v1/incidents/{}/events/step/"
+
+
+def _neighbours(events: list[dict], keep, anchor: dict | None) -> tuple[int | None, int | None]:
+    """The ids of the first kept event after ``anchor`` and of the last before it, in
+    ``(received, id)`` order (None: from the very start / end), as the step endpoint answers."""
+    kept = [e for e in events if keep(e)]
+    if anchor is None:
+        return (kept[0]["id"] if kept else None), (kept[-1]["id"] if kept else None)
+    at = (anchor["received"], anchor["id"])
+    after = [e["id"] for e in kept if (e["received"], e["id"]) > at]
+    before = [e["id"] for e in kept if (e["received"], e["id"]) < at]
+    return (after[0] if after else None), (before[-1] if before else None)
+
+
+def _step(client, incident, query: dict, **params) -> int | None:
+    answer = client.get(STEP_URL.format(incident.pk), {**query, **params})
+    assert answer.status_code == 200, answer.content[:300]
+    event = answer.json()["event"]
+    return event["id"] if event else None
+
+
+def test_stepping_finds_the_same_neighbours_with_and_without_the_index(indexed, client,
+                                                                         settings):
+    """From every 40th event, from the events tied at one instant and from nowhere, the next
+    and previous match of every filter kind, with the index and without (some 3,000 steps:
+    past the API's rate limit, lifted here)."""
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "api": None}}
+    events = list(Event.objects.filter(incident=indexed).order_by("received", "id").values())
+    anchors = [None, *events[::40], *[e for e in events if e["name"] in ("middle", "m")],
+               events[-1]]
+    for indexed_now in (True, False):
+        if not indexed_now:
+            columns.discard(indexed.pk)
+        assert (columns.load(indexed.pk, aggregate.data_version(indexed.pk)) is not None) \
+            == indexed_now
+        for query, keep in QUERIES:
+            for anchor in anchors:
+                after, before = _neighbours(events, keep, anchor)
+                origin = {} if anchor is None else {"from": anchor["id"]}
+                assert _step(client, indexed, query, direction="next", **origin) == after, \
+                    (query, anchor and anchor["id"], indexed_now)
+                assert _step(client, indexed, query, direction="previous", **origin) == before, \
+                    (query, anchor and anchor["id"], indexed_now)
+
+
+def test_stepping_to_a_value_no_event_holds_reads_no_event(indexed, client):
+    url = STEP_URL.format(indexed.pk)
+    first = Event.objects.filter(incident=indexed).order_by("received", "id").first()
+    for params in ({"code": "599"}, {"namespace": "no-such-namespace", "direction": "previous"}):
+        assert _event_queries(client, url, params) == [], params
+        assert client.get(url, params).json()["event"] is None
+    # from an event: it is read, then only the events at its own instant are looked at
+    anchor, looked = _event_queries(client, url, {"code": "599", "from": first.pk})
+    assert f"\"timelines_event\".\"received\" <= '{first.received.replace(tzinfo=None)}" in looked
+    assert client.get(url, {"code": "599", "from": first.pk}).json()["event"] is None
+    # a rare value is looked for no further than where the index found it
+    middle = Event.objects.get(incident=indexed, name="middle")
+    [sql] = _event_queries(client, url, {"name": "middle"})
+    assert str(middle.received.replace(tzinfo=None)) in sql
 
 
 # --- the list's rows ----------------------------------------------------------------------------

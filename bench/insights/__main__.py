@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
-from benchlib import ROOT, reexec_in_venv, script_module  # noqa: E402
+from benchlib import OUT_DIR, incident_arguments, reexec_in_venv, synthetic_incident, write_results  # noqa: E402
 
 reexec_in_venv(__file__)
 
-OUT_DIR = ROOT / "bench" / "out"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_insights_bench"
 USERNAME = "bench"
 
@@ -98,48 +97,13 @@ def answer(incident_id: int, runs: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--rate", type=float, default=500)
-    parser.add_argument("--objects", type=int, default=300)
-    parser.add_argument("--runs", type=int, default=3, help="computations (default 3)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="measure the incident built by the previous run, do not rebuild")
-    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
-                        help="PostgreSQL database to DROP and recreate (its name must contain "
-                             f"'bench'; default {DEFAULT_DATABASE_URL})")
-    parser.add_argument("--seed", type=int, default=1)
+    incident_arguments(parser, database_url=DEFAULT_DATABASE_URL, runs=3, runs_help="computations")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "bench" / "figure"))  # its build.py
-    ingest = script_module("bench_ingest", ROOT / "bench" / "ingest")
-    figure = script_module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
-    ingest._bench_database(args.database_url)  # refuses a database not named *bench*
-    figure.setup_django(args.database_url, "", OUT_DIR / "insights-columns")
-
-    results: dict = {"data": "synthetic: the figure benchmark's incident (fixture requests "
-                             "cloned with new auditIDs, times, names)",
-                     "events": args.events, "seed": args.seed}
-    if args.reuse:
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
-        incident_id = figure.existing_incident(args.events)
-        print(f"reusing incident {incident_id} of {args.database_url}", flush=True)
-    else:
-        print(f"building {args.events:,} synthetic events in {args.database_url} …", flush=True)
-        results["build"] = figure.build_incident(ingest, args)
-        incident_id = results["build"]["incident"]
+    ingest, _, incident_id, results = synthetic_incident(args, OUT_DIR / "insights-columns")
     print(f"computing the insights, {args.runs} runs …", flush=True)
     results["compute"] = compute(incident_id, args.runs)
     results["answer"] = answer(incident_id, 7)
-    results["machine"] = {**ingest.machine(),
-                          "postgresql": ingest.postgres_version(args.database_url),
-                          "load_average_end": [round(v, 2) for v in os.getloadavg()]}
-    results["code"] = ingest.checkout()
-    results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / f"insights-{args.events}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results  {path.relative_to(ROOT)}")
+    write_results(results, f"insights-{args.events}", ingest, args.database_url)
     return 0
 
 

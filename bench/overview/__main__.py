@@ -22,7 +22,6 @@ stdout and ``bench/out/overview-<N>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -31,11 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
-from benchlib import ROOT, reexec_in_venv, script_module  # noqa: E402
+from benchlib import OUT_DIR, incident_arguments, reexec_in_venv, synthetic_incident, write_results  # noqa: E402
 
 reexec_in_venv(__file__)
 
-OUT_DIR = ROOT / "bench" / "out"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_overview_bench"
 USERNAME = "bench"
 
@@ -50,7 +48,8 @@ def queries(incident_id: int) -> list[tuple[str, str, dict[str, str]]]:
     events = Event.objects.filter(incident_id=incident_id).order_by("received", "id")
     total = events.count()
     start = events.values_list("received", flat=True)[total // 2]
-    end = events.values_list("received", flat=True)[total // 2 + 18_000 - 1]
+    # 18,000 events (a quarter of a smaller incident's, so that a try-out with --events runs)
+    end = events.values_list("received", flat=True)[total // 2 + min(18_000, total // 4) - 1]
     busy = events.order_by().values("username").annotate(n=Count("pk")).order_by("-n")[0]
     window = {"since": start.isoformat().replace("+00:00", "Z"),
               "until": end.isoformat().replace("+00:00", "Z")}
@@ -125,50 +124,15 @@ def measure(incident_id: int, runs: int, index: bool) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--rate", type=float, default=500)
-    parser.add_argument("--objects", type=int, default=300)
-    parser.add_argument("--runs", type=int, default=7, help="runs per measurement (default 7)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="measure the incident built by the previous run, do not rebuild")
-    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
-                        help="PostgreSQL database to DROP and recreate (its name must contain "
-                             f"'bench'; default {DEFAULT_DATABASE_URL})")
-    parser.add_argument("--seed", type=int, default=1)
+    incident_arguments(parser, database_url=DEFAULT_DATABASE_URL, runs=7,
+                       runs_help="runs per measurement")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "bench" / "figure"))  # its build.py
-    ingest = script_module("bench_ingest", ROOT / "bench" / "ingest")
-    figure = script_module("bench_figure", ROOT / "bench" / "figure" / "__main__.py")
-    ingest._bench_database(args.database_url)  # refuses a database not named *bench*
-    columns_dir = OUT_DIR / "overview-columns"
-    shutil.rmtree(columns_dir, ignore_errors=True)
-    # no CACHE_URL and no broker: the in-process cache, emptied before every cold run without
-    # flushing a Redis database that something else may use
-    figure.setup_django(args.database_url, "", columns_dir)
-
-    results: dict = {"data": "synthetic: the figure benchmark's incident (fixture requests "
-                             "cloned with new auditIDs, times, names)",
-                     "events": args.events, "seed": args.seed}
-    if args.reuse:
-        incident_id = figure.existing_incident(args.events)
-        print(f"reusing incident {incident_id} of {args.database_url}", flush=True)
-    else:
-        print(f"building {args.events:,} synthetic events in {args.database_url} …", flush=True)
-        results["build"] = figure.build_incident(ingest, args)
-        incident_id = results["build"]["incident"]
+    ingest, figure, incident_id, results = synthetic_incident(args, OUT_DIR / "overview-columns")
     results["column_index"] = figure.build_column_index(incident_id)
     print(f"cold (cache emptied, index closed), median of {args.runs} …", flush=True)
     results["server"] = measure(incident_id, args.runs, index=True)
     results["server"] += measure(incident_id, args.runs, index=False)
-    results["machine"] = {**ingest.machine(),
-                          "postgresql": ingest.postgres_version(args.database_url),
-                          "load_average_end": [round(v, 2) for v in os.getloadavg()]}
-    results["code"] = ingest.checkout()
-    results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / f"overview-{args.events}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results  {path.relative_to(ROOT)}")
+    write_results(results, f"overview-{args.events}", ingest, args.database_url)
     return 0
 
 

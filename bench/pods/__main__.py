@@ -40,11 +40,10 @@ from io import BytesIO
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
-from benchlib import ROOT, reexec_in_venv, script_module  # noqa: E402
+from benchlib import OUT_DIR, ROOT, reexec_in_venv, script_module, write_results  # noqa: E402
 
 reexec_in_venv(__file__)
 
-OUT_DIR = ROOT / "bench" / "out"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_pods_bench"
 USERNAME = "bench"
 REQUESTS_PER_POD, EVENTS_PER_POD = 8, 5
@@ -340,15 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{results['rows_about_pods']:,} events about pods; medians of {args.runs} …",
           flush=True)
     results["server"] = measure(incident_id, args.runs)
-    results["machine"] = {**ingest.machine(),
-                          "postgresql": ingest.postgres_version(args.database_url),
-                          "load_average_end": [round(v, 2) for v in os.getloadavg()]}
-    results["code"] = ingest.checkout()
-    results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / f"pods-{args.events}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results  {path.relative_to(ROOT)}")
+    write_results(results, f"pods-{args.events}", ingest, args.database_url)
     return 0
 
 

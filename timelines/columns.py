@@ -23,9 +23,13 @@ versions are removed once the new one is in place, and an incident's deletion re
 Without an index (not built yet, an upload running, a filter it does not hold such as the free
 text ``q``) the database counts, as before.
 
-The events are stored in time order, so the times of any selection come out sorted (the
-overview's suggested window reads them, ``timelines.overview``). A signature also says whether
-its events never completed (open spans), which the overview's outcome series count.
+The events are stored in the events list's order (``received``, then ``id``), so the times of
+any selection come out sorted (the overview's suggested window reads them,
+``timelines.overview``), and each event's ``id`` is kept, so that a page of matches can be read
+by id. A signature also says whether its events never completed (open spans), which the
+overview's outcome series count. The events' free text (``request_uri``, ``message``, ``name``)
+is kept beside them in blocks (``timelines.textblocks``), so the events list and its stepping
+answer the text filter ``q`` from the index too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,7 +51,7 @@ import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
-from . import aggregate
+from . import aggregate, textblocks
 from .figures import EPOCH, HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds
 from .lanes import GROUPS, OTHER_LANES, lane_name
 
@@ -68,8 +73,12 @@ _FETCH_ROWS = 50_000
 _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 # of the files; a change makes older indexes unreadable, so they are rebuilt. 2: events in time
 # order, and the open flag in the signature (``open.npy``). 3: each event's duration
-# (``duration.npy``, for the request statistics of ``timelines.analysis.stats``).
-_FORMAT = 3
+# (``duration.npy``, for the request statistics of ``timelines.analysis.stats``). 4: events in
+# (received, id) order, their ids (``id.npy``) and their text (``timelines.textblocks``).
+_FORMAT = 4
+# the columns the text filter ``q`` searches (``filters.EventFilterSet.q``), in stored order
+TEXT_COLUMNS = ("request_uri", "message", "name")
+_TEXT_CHUNK = 65_536  # events per query while the text is read from PostgreSQL
 _LOADED_MAX = 4  # indexes kept open per process
 _REACH_BLOCK = 4096  # events tested first by ``ColumnIndex.reach``
 _REACH_BLOCK_MAX = 1 << 20  # and at most at a time (the matches' positions: 8 MB at most)
@@ -85,7 +94,7 @@ def version_dir(incident_id: int, version: str) -> Path:
 
 
 def _rows(incident_id: int):
-    """Chunks of (received µs, signature, duration µs) rows of the incident's events (duration:
+    """Chunks of (received µs, signature, duration µs, id) rows of the incident's events (duration:
     ``completed − received``, 0 for an event that never completed), in no particular order,
     read through the ORM (the embedded default; PostgreSQL groups them itself, see
     ``_postgres_columns``); a signature is the row's ``_FIELDS`` joined by ``_SEPARATOR`` (a
@@ -93,14 +102,14 @@ def _rows(incident_id: int):
     from .models import Event
 
     rows = Event.objects.filter(incident_id=incident_id).order_by().values_list(
-        "received", *_FIELDS, "completed").iterator(chunk_size=_FETCH_ROWS)
+        "received", *_FIELDS, "completed", "id").iterator(chunk_size=_FETCH_ROWS)
     chunk = []
-    for received, *values, completed in rows:
+    for received, *values, completed, pk in rows:
         signature = _SEPARATOR.join(["" if v is None else str(v) for v in values]
                                     + ["1" if completed is None else ""])
         start = microseconds(received)
         length = 0 if completed is None else microseconds(completed) - start
-        chunk.append((start, signature, length))
+        chunk.append((start, signature, length, pk))
         if len(chunk) == _FETCH_ROWS:
             yield chunk
             chunk = []
@@ -113,18 +122,20 @@ def _rows(incident_id: int):
 _GROUP_MEMORY = "128MB"
 
 
-def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """(received µs, duration µs, signature number, signatures) of the incident's events, in one
-    pass: PostgreSQL joins each row's fields and groups the rows by signature, sending each
-    distinct signature once with the times and durations of its events as big-endian int64s.
+def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                 list[str]]:
+    """(received µs, duration µs, id, signature number, signatures) of the incident's events, in
+    one pass: PostgreSQL joins each row's fields and groups the rows by signature, sending each
+    distinct signature once with the times, durations and ids of its events as big-endian
+    int64s.
     200,000 events of 141 signatures: 0.65 s (times alone), where sending every row's time and
     a hash of its signature, then the distinct signatures apart, took 1.3-1.5 s."""
     fields = ", ".join(["coalesce(code::text, '')" if f == "code" else f for f in _FIELDS]
                        + ["CASE WHEN completed IS NULL THEN '1' ELSE '' END"])
-    # a time and its duration together in one value, so that they stay paired
+    # a time, its duration and its id together in one value, so that they stay together
     sql = (f"SELECT s, string_agg(int8send(us) || int8send(CASE WHEN done IS NULL THEN 0"
-           f" ELSE done - us END), ''::bytea) FROM"
-           f" (SELECT concat_ws(%s, {fields}) AS s,"
+           f" ELSE done - us END) || int8send(id), ''::bytea) FROM"
+           f" (SELECT concat_ws(%s, {fields}) AS s, id,"
            f" (extract(epoch FROM received) * 1000000)::bigint AS us,"
            f" (extract(epoch FROM completed) * 1000000)::bigint AS done"
            f" FROM timelines_event WHERE incident_id = %s) e GROUP BY s")
@@ -133,13 +144,57 @@ def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndar
         cursor.execute(sql, [_SEPARATOR, incident_id])
         groups = cursor.fetchall()
     signatures = [signature for signature, _ in groups]
-    times = [np.frombuffer(bytes(data), dtype=">i8").reshape(-1, 2) for _, data in groups]
-    pairs = (np.concatenate(times).astype(np.int64) if times
-             else np.empty((0, 2), dtype=np.int64))
+    times = [np.frombuffer(bytes(data), dtype=">i8").reshape(-1, 3) for _, data in groups]
+    triples = (np.concatenate(times).astype(np.int64) if times
+               else np.empty((0, 3), dtype=np.int64))
     coded = np.repeat(np.arange(len(times), dtype=np.int32),
                       [len(t) for t in times])
-    return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]), coded, \
-        signatures
+    return (np.ascontiguousarray(triples[:, 0]), np.ascontiguousarray(triples[:, 1]),
+            np.ascontiguousarray(triples[:, 2]), coded, signatures)
+
+
+def _postgres_texts(incident_id: int, received: np.ndarray, writer: textblocks.Writer) -> None:
+    """The events' folded texts, in the index's order, into ``writer``: PostgreSQL folds them
+    (``upper``, as ``icontains`` compares) and joins those of ``_TEXT_CHUNK`` events at a time,
+    a chunk being a time range (``received`` sorted: ties never straddle two chunks)."""
+    folded = " || E'\\x02' || ".join(
+        f"translate(upper({column}), E'\\x01\\x02', E'\\x03\\x03')" for column in TEXT_COLUMNS)
+    sql = (f"SELECT count(*), string_agg({folded}, E'\\x01' ORDER BY received, id)"
+           f" FROM timelines_event WHERE incident_id = %s AND received >= %s AND received < %s")
+    if not received.size:
+        return
+    cuts = np.unique(received[_TEXT_CHUNK::_TEXT_CHUNK])
+    bounds = [int(received[0]), *cuts.tolist(), int(received[-1]) + 1]
+    with connection.cursor() as cursor:
+        for low, high in zip(bounds, bounds[1:], strict=False):
+            expected = int(np.searchsorted(received, high, "left")
+                           - np.searchsorted(received, low, "left"))
+            cursor.execute(sql, [incident_id, _moment(low), _moment(high)])
+            count, text = cursor.fetchone()
+            if count != expected:
+                raise ValueError(f"incident {incident_id}: {count} events between {low} and"
+                                 f" {high} µs, the index holds {expected}")
+            writer.add((text or "").encode("utf-8"), count)
+
+
+def _rows_texts(incident_id: int, writer: textblocks.Writer) -> None:
+    """``_postgres_texts`` through the ORM (the embedded default), folded as SQLite's LIKE
+    compares (ASCII letters only)."""
+    from .models import Event
+
+    rows = Event.objects.filter(incident_id=incident_id).order_by("received", "id").values_list(
+        *TEXT_COLUMNS).iterator(chunk_size=_FETCH_ROWS)
+    chunk: list[tuple[bytes, ...]] = []
+    for values in rows:
+        chunk.append(tuple(textblocks.fold_ascii(v) for v in values))
+        if len(chunk) == textblocks.BLOCK:
+            writer.add(*textblocks.join_events(chunk))
+            chunk = []
+    writer.add(*textblocks.join_events(chunk))
+
+
+def _moment(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
 
 
 def _split(signature: str) -> dict | None:
@@ -169,24 +224,29 @@ def build(incident_id: int, version: str) -> Path | None:
     final = version_dir(incident_id, version)
     if (final / "meta.json").exists():
         return final
+    started = time.perf_counter()
     # Rows share most of their fields (the same user, agent and verb on the same objects), so
     # each distinct combination is a "signature", decoded once; a row holds only its time and
     # its signature's number, and filters are tested on the signatures, not on every row.
     signatures: dict[str, int] = {}
     received: list[np.ndarray] = []
     durations: list[np.ndarray] = []
+    identities: list[np.ndarray] = []
     coded: list[np.ndarray] = []
-    if connection.vendor == "postgresql":
-        times, lengths, codes, distinct = _postgres_columns(incident_id)
+    postgres = connection.vendor == "postgresql"
+    if postgres:
+        times, lengths, ids, codes, distinct = _postgres_columns(incident_id)
         received.append(times)
         durations.append(lengths)
+        identities.append(ids)
         coded.append(codes)
         signatures = dict.fromkeys(distinct)
     else:
         for chunk in _rows(incident_id):
-            times, keys, lengths = zip(*chunk, strict=True)
+            times, keys, lengths, ids = zip(*chunk, strict=True)
             received.append(np.fromiter(times, dtype=np.int64, count=len(chunk)))
             durations.append(np.fromiter(lengths, dtype=np.int64, count=len(chunk)))
+            identities.append(np.fromiter(ids, dtype=np.int64, count=len(chunk)))
             coded.append(np.fromiter((signatures.setdefault(k, len(signatures)) for k in keys),
                                      dtype=np.int32, count=len(chunk)))
     table = []
@@ -200,16 +260,35 @@ def build(incident_id: int, version: str) -> Path | None:
     try:
         times = np.concatenate(received) if received else np.empty(0, dtype=np.int64)
         numbers = np.concatenate(coded) if coded else np.empty(0, dtype=np.int32)
-        # in time order: a selection's times come out sorted (0.1 s for a million events)
-        order = np.argsort(times, kind="stable")
-        np.save(work / "received.npy", times[order])
+        ids = np.concatenate(identities) if identities else np.empty(0, dtype=np.int64)
+        # in the list's order: a selection's times come out sorted, and the text read in that
+        # order lines up (0.2 s for a million events)
+        order = np.lexsort((ids, times))
+        times = times[order]
+        np.save(work / "received.npy", times)
         np.save(work / "signature.npy", numbers[order])
+        np.save(work / "id.npy", ids[order])
         lengths = np.concatenate(durations) if durations else np.empty(0, dtype=np.int64)
         np.save(work / "duration.npy", lengths[order])
-        del order, lengths
+        del order, lengths, ids, numbers
+        arrays_done = time.perf_counter()
+        writer = textblocks.Writer(work)
+        try:
+            if postgres:
+                _postgres_texts(incident_id, times, writer)
+            else:
+                _rows_texts(incident_id, writer)
+        finally:
+            writer.close()
+        if writer.events != times.size:
+            raise ValueError(f"incident {incident_id}: text of {writer.events} events,"
+                             f" {times.size} indexed")
+        text_done = time.perf_counter()
         np.save(work / "open.npy", np.array([row["open"] for row in table], dtype=bool))
         meta = {"format": _FORMAT, "incident": incident_id, "version": version,
-                "events": int(times.size), "values": {}, "lanes": {}}
+                "events": int(times.size), "values": {}, "lanes": {},
+                # how the text is folded: as PostgreSQL's upper() or SQLite's LIKE compares it
+                "text_case": "upper" if postgres else "ascii"}
         for field in _FIELDS:
             values, codes = _encode([row[field] for row in table])
             meta["values"][field] = values
@@ -221,6 +300,10 @@ def build(incident_id: int, version: str) -> Path | None:
                                      for row in table])
             meta["lanes"][group] = values
             np.save(work / f"lane-{group}.npy", codes)
+        # what the build cost (bench/scale reads it): the text, and the rest
+        meta["seconds"] = {"text": round(text_done - arrays_done, 2),
+                           "rest": round(time.perf_counter() - started
+                                         - (text_done - arrays_done), 2)}
         (work / "meta.json").write_text(json.dumps(meta))
         try:
             work.rename(final)
@@ -239,8 +322,9 @@ def build(incident_id: int, version: str) -> Path | None:
     elif current is not None:  # a newer version is complete: this one will never be read
         shutil.rmtree(final, ignore_errors=True)
         return None
-    log.info("column index of incident %s: %s events, %s signatures", incident_id,
-             meta["events"], len(table))
+    log.info("column index of incident %s: %s events, %s signatures, in %.1f s (text %.1f s)",
+             incident_id, meta["events"], len(table), sum(meta["seconds"].values()),
+             meta["seconds"]["text"])
     return final
 
 
@@ -293,6 +377,9 @@ class ColumnIndex:
         self._lane_names: dict[str, list[str]] = meta["lanes"]
         self.open: np.ndarray = np.load(folder / "open.npy")  # per signature
         self.signatures: int = len(self.open)
+        self.id = np.load(folder / "id.npy", mmap_mode="r")
+        self.text = textblocks.TextBlocks(folder, self.events)
+        self.text_case: str = meta["text_case"]
 
     def field(self, column: str) -> tuple[list, np.ndarray]:
         """(the distinct values of an event column in ``FILTER_COLUMNS``, the code of each
@@ -318,6 +405,18 @@ class ColumnIndex:
         """Whether every filter of the query (name → values) is one this index holds."""
         return all(name in FILTER_COLUMNS or name in WINDOW_PARAMS for name in params)
 
+    def fold(self, terms: list[str]) -> list[bytes] | None:
+        """The text filter's terms as the index holds text (``textblocks``): PostgreSQL's
+        ``upper()`` of each, or its ASCII letters in upper case (SQLite). None when one cannot
+        be looked for here (it holds a separator)."""
+        if self.text_case == "upper":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT " + ", ".join(["upper(%s)"] * len(terms)), terms)
+                folded = [t.encode("utf-8") for t in cursor.fetchone()]
+        else:
+            folded = [textblocks.fold_ascii(t) for t in terms]
+        return folded if all(textblocks.servable(t) for t in folded) else None
+
     def select(self, filters: Mapping[str, list], since: datetime | None,
                until: datetime | None) -> Window:
         """The events matching ``filters`` (parameter → cleaned values, as EventFilterSet's
@@ -338,16 +437,48 @@ class ColumnIndex:
         return start, max(start, stop)
 
     def _matching(self, filters: Mapping[str, list]) -> np.ndarray | None:
-        """Which signatures match ``filters`` (one bool per signature; None: no filter)."""
+        """Which signatures match ``filters`` (one bool per signature; None: no filter). The
+        text filter ``q`` is not theirs (``_tester``)."""
         signatures: np.ndarray | None = None
         for name, values in filters.items():
-            if not values:
+            if not values or name == "q":
                 continue
             field = FILTER_COLUMNS[name]
             known = self._codes[field]
             match = np.isin(self._fields[field], [known[v] for v in values if v in known])
             signatures = match if signatures is None else (signatures & match)
         return signatures
+
+    def _tester(self, filters: Mapping[str, list]):
+        """A function of ``(begin, end)`` giving the positions (from ``begin``) of the events
+        among ``begin:end`` that match ``filters``, or None when no event can match. The text
+        filter ``q`` (terms folded by ``fold``) opens only the text blocks that may hold every
+        term."""
+        signatures = self._matching(filters)
+        terms = filters.get("q") or []
+        blocks = self.text.candidates(terms) if terms else None
+        if (signatures is not None and not signatures.any()) or \
+                (blocks is not None and not blocks.any()):
+            return None
+
+        def hits(begin: int, end: int) -> np.ndarray:
+            mask = None if signatures is None else signatures[self.signature[begin:end]]
+            if terms:
+                text = self.text.matches(terms, begin, end, blocks, mask)
+                mask = text if mask is None else (mask & text)
+            return np.arange(end - begin) if mask is None else np.flatnonzero(mask)
+
+        return hits
+
+    def ids(self, filters: Mapping[str, list], first: int, last: int) -> np.ndarray:
+        """The ids of the events matching ``filters`` received from ``first`` to ``last`` (µs,
+        inclusive), in the list's order."""
+        begin = int(np.searchsorted(self.received, first, "left"))
+        end = int(np.searchsorted(self.received, last, "right"))
+        hits = self._tester(filters)
+        if hits is None or begin >= end:
+            return np.empty(0, dtype=np.int64)
+        return np.asarray(self.id[begin:end])[hits(begin, end)]
 
     def reach(self, filters: Mapping[str, list], since: datetime | None,
               until: datetime | None, *, count: int, after: int | None = None,
@@ -356,25 +487,25 @@ class ColumnIndex:
         ``select`` selects them) nearest to a point: the first ``count`` received after
         ``after`` (µs, exclusive; None: from the window's start), or with ``before`` the last
         ``count`` received before it. None when there is none. No event is looked at when no
-        signature matches; otherwise the events are tested in blocks growing from that point,
-        so a page of a common or a rare value costs a few thousand tests, not one per event
-        (the events list narrows its query to this reach, ``timelines.api.narrowed``)."""
+        signature matches, or no text block may hold the terms of ``q``; otherwise the events
+        are tested in blocks growing from that point, so a page of a common or a rare value
+        costs a few thousand tests, not one per event (the events list narrows its query to
+        this reach, ``timelines.api.narrowed``)."""
         start, stop = self._slice(since, until)
         if after is not None:
             start = max(start, int(np.searchsorted(self.received, after, "right")))
         backward = before is not None
         if backward:
             stop = min(stop, int(np.searchsorted(self.received, before, "left")))
-        signatures = self._matching(filters)
-        if start >= stop or count < 1 or (signatures is not None and not signatures.any()):
+        hits_of = self._tester(filters)
+        if start >= stop or count < 1 or hits_of is None:
             return None
         near = far = None
         found, block = 0, _REACH_BLOCK
         while found < count and start < stop:
             begin, end = (max(start, stop - block), stop) if backward \
                 else (start, min(stop, start + block))
-            hits = np.arange(end - begin) if signatures is None \
-                else np.flatnonzero(signatures[self.signature[begin:end]])
+            hits = hits_of(begin, end)
             if backward:
                 hits = hits[::-1]
                 stop = begin

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import orjson
@@ -67,33 +68,56 @@ class IncidentEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return self.get_paginated_response(event_rows(page))
 
 
-_UNSERVED = object()  # index_reach: the column index cannot answer this query
 _LAST = 2 ** 62  # µs beyond any event: ``before`` it reaches back from the incident's end
 
 
-def index_reach(incident_id: int, params, queryset, *, rows: int, after: int | None = None,
-                before: int | None = None):
-    """Where the incident's column index finds the first ``rows`` events matching ``params``
-    received after ``after`` (µs, exclusive; or the last ones before ``before``):
-    ``(first, last)`` µs, None when there is none, ``_UNSERVED`` when the index cannot say (it
-    is not at the current data version, or does not hold every filter given: ``q``,
-    ``group``, ``audit_id``, ``id``; or only ``since``/``until`` are given, which the
-    database's ``(incident, received)`` index serves as well)."""
+@dataclass
+class IndexQuery:
+    """A query of the events list in the column index's terms (``index_query``)."""
+
+    index: columns.ColumnIndex
+    filters: dict[str, list]  # parameter → cleaned values; ``q``: terms folded as the index
+    since: datetime | None
+    until: datetime | None
+
+    @property
+    def text(self) -> bool:
+        return "q" in self.filters
+
+    def reach(self, *, rows: int, after: int | None = None, before: int | None = None):
+        return self.index.reach(self.filters, self.since, self.until, count=rows, after=after,
+                                before=before)
+
+    def ids(self, first: int, last: int) -> list[int]:
+        return self.index.ids(self.filters, first, last).tolist()
+
+
+def index_query(incident_id: int, params, queryset) -> IndexQuery | None:
+    """``params`` as the incident's column index can answer it, or None when it cannot: it is
+    not at the current data version, or does not hold every filter given (``group``,
+    ``audit_id``, ``id``; a ``q`` term holding a control character it uses as a separator), or
+    only ``since``/``until`` are given, which the database's ``(incident, received)`` index
+    serves as well."""
     given = {n: v for n, v in params.lists() if n in EventFilterSet.base_filters and any(v)}
-    if not any(name in columns.FILTER_COLUMNS for name in given) \
-            or not columns.ColumnIndex.serves(given):
-        return _UNSERVED
+    held = {n: v for n, v in given.items() if n != "q"}
+    if not any(name in columns.FILTER_COLUMNS or name == "q" for name in given) \
+            or not columns.ColumnIndex.serves(held):
+        return None
     version = aggregate.data_version(incident_id)
     index = columns.load(incident_id, version) if version is not None else None
     if index is None:
-        return _UNSERVED
+        return None
     filterset = EventFilterSet(params, queryset=queryset)
     if not filterset.is_valid():  # the filter backend has refused it already
-        return _UNSERVED
+        return None
     data = filterset.form.cleaned_data
-    return index.reach({n: data.get(n) for n in given if n in columns.FILTER_COLUMNS},
-                       data.get("since"), data.get("until"), count=rows, after=after,
-                       before=before)
+    filters = {n: data.get(n) for n in held if n in columns.FILTER_COLUMNS}
+    if data.get("q"):
+        terms = index.fold(data["q"])
+        if terms is None:
+            return None
+        filters["q"] = terms
+    return IndexQuery(index, filters, data.get("since"), data.get("until"))
 
 
 def _moment(micros: int) -> datetime:
@@ -103,13 +127,15 @@ def _moment(micros: int) -> datetime:
 def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | None = None,
              reverse: bool = False):
     """``queryset``, the incident's events filtered by ``params``, narrowed for a page of the
-    cursor pagination with the incident's column index (``index_reach``). The page reads the
+    cursor pagination with the incident's column index (``index_query``). The page reads the
     first ``rows`` matching events received after ``position`` (the cursor's, exclusive;
     before it when ``reverse``): no query at all when there is none, else ``received`` between
     the first and the last of them (inclusive, so those rows stay, in the same order, whatever
     their ties). Without it a value that no index of the table leads with (namespace, code,
     name, verb …), absent, rare or only late in the incident, walks the incident in time order
-    until the page is full. Unchanged where the index cannot serve."""
+    until the page is full. With the text filter ``q`` the rows are also read by the ids the
+    index found: the database would otherwise test the text of every event of the span.
+    Unchanged where the index cannot serve."""
     point = None
     if reverse and position is None:  # not a cursor the paginator writes
         return queryset
@@ -121,13 +147,15 @@ def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | N
         if moment is None or moment.tzinfo is None:
             return queryset  # not one of ours: the paginator answers it as it can
         point = microseconds(moment)
-    span = index_reach(incident_id, params, queryset, rows=rows,
-                       after=None if reverse else point, before=point if reverse else None)
-    if span is _UNSERVED:
+    query = index_query(incident_id, params, queryset)
+    if query is None:
         return queryset
+    span = query.reach(rows=rows, after=None if reverse else point,
+                       before=point if reverse else None)
     if span is None:
         return queryset.none()
-    return queryset.filter(received__gte=_moment(span[0]), received__lte=_moment(span[1]))
+    queryset = queryset.filter(received__gte=_moment(span[0]), received__lte=_moment(span[1]))
+    return queryset.filter(id__in=query.ids(*span)) if query.text else queryset
 
 
 class EventViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -231,10 +259,25 @@ class _Echo:
         return value
 
 
+def _exported(request, incident_pk: int):
+    """``_filtered_events`` for an export: with the incident's column index, read only from the
+    first match to the last, and nothing when no event matches."""
+    incident, queryset = _filtered_events(request, incident_pk)
+    query = index_query(incident.pk, request.query_params, queryset)
+    if query is None:
+        return incident, queryset
+    first, last = query.reach(rows=1), query.reach(rows=1, before=_LAST)
+    if first is None or last is None:
+        return incident, queryset.none()
+    return incident, queryset.filter(received__gte=_moment(first[0]),
+                                     received__lte=_moment(last[1]))
+
+
 @api_view(["GET"])
 def incident_events_csv(request, incident_pk: int):
-    """The incident's events as CSV, filtered like the events list, in time order; streamed."""
-    incident, queryset = _filtered_events(request, incident_pk)
+    """The incident's events as CSV, filtered like the events list, in time order; streamed.
+    Read only where the column index finds the matches (``_exported``)."""
+    incident, queryset = _exported(request, incident_pk)
     writer = csv.writer(_Echo())
     fields = [("username" if c == "user" else c) for c in CSV_COLUMNS]
 
@@ -251,8 +294,9 @@ def incident_events_csv(request, incident_pk: int):
 @api_view(["GET"])
 def incident_events_json(request, incident_pk: int):
     """The incident's events as a JSON array of objects with the CSV's columns (``CSV_COLUMNS``),
-    filtered like the events list, in time order; streamed row by row, never held whole."""
-    incident, queryset = _filtered_events(request, incident_pk)
+    filtered like the events list, in time order; streamed row by row, never held whole; read
+    only where the column index finds the matches (``_exported``)."""
+    incident, queryset = _exported(request, incident_pk)
     fields = [("username" if c == "user" else c) for c in CSV_COLUMNS]
 
     def chunks():
@@ -295,12 +339,14 @@ def incident_event_step(request, incident_pk: int):
     # The column index says how far the neighbour can be: the first match strictly after
     # (before) the anchor's time bounds it, an event at the anchor's own time with a greater
     # (smaller) id being the only nearer one; no match at all answers null without a query.
+    # With the text filter ``q`` the candidates are also the ids the index found from the
+    # anchor's time to that bound, so that the database tests no event's text.
     point = microseconds(received) if origin else None
     forward = direction == "next"
-    span = index_reach(incident.pk, request.query_params, queryset, rows=1,
-                       after=point if forward else None,
-                       before=None if forward else (point if origin else _LAST))
-    if span is not _UNSERVED:
+    query = index_query(incident.pk, request.query_params, queryset)
+    if query is not None:
+        span = query.reach(rows=1, after=point if forward else None,
+                           before=None if forward else (point if origin else _LAST))
         if span is not None:
             bound = _moment(span[0])
         elif origin:
@@ -308,6 +354,9 @@ def incident_event_step(request, incident_pk: int):
         else:
             return Response({"event": None})
         queryset = queryset.filter(**{"received__lte" if forward else "received__gte": bound})
+        if query.text:
+            ends = [microseconds(bound)] + ([point] if origin else [])
+            queryset = queryset.filter(id__in=query.ids(min(ends), max(ends)))
     if direction == "previous":
         queryset = queryset.order_by("-received", "-id")
     event = queryset.first()

@@ -247,12 +247,12 @@ def test_sqlite_builds_the_same_index(incident):
 
 def test_postgres_groups_the_same_signatures_as_the_orm(incident):
     """PostgreSQL joins and groups the signatures itself (``_postgres_columns``): the same
-    (time, signature, duration) as the row-by-row read of the embedded default, every event
-    once, and an index built from them counts as the database does."""
+    (time, signature, duration, id) as the row-by-row read of the embedded default, every
+    event once, and an index built from them counts as the database does."""
     _store(incident, _synthetic_rows(count=800))
-    received, durations, coded, signatures = columns._postgres_columns(incident.pk)
+    received, durations, ids, coded, signatures = columns._postgres_columns(incident.pk)
     grouped = sorted(zip(received.tolist(), (signatures[c] for c in coded.tolist()),
-                         durations.tolist(), strict=True))
+                         durations.tolist(), ids.tolist(), strict=True))
     by_row = sorted(row for chunk in columns._rows(incident.pk) for row in chunk)
     events = Event.objects.filter(incident=incident).count()
     assert len(grouped) == events > 800 and len(signatures) > 10

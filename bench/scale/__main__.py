@@ -140,6 +140,31 @@ def database_size(database_url: str) -> dict[str, float]:
             "body_chunks_gb": round(chunks / 1e9, 2)}
 
 
+def column_index(incident_id: int) -> dict[str, Any]:
+    """The column index as the ingest built it (its size, the text's part of it), and the cost
+    of building it again: the text (``timelines.textblocks``) apart from the rest."""
+    from timelines import aggregate, columns
+
+    version = aggregate.data_version(incident_id)
+    folder = columns.version_dir(incident_id, version)
+    text = sum((folder / name).stat().st_size for name in
+               ("text.bin", "text-offsets.npy", "text-bloom.npy"))
+    total = columns.size_on_disk(incident_id)
+    columns.discard(incident_id)
+    before = load()
+    started = time.perf_counter()
+    columns.build(incident_id, version)
+    seconds = time.perf_counter() - started
+    parts = json.loads((folder / "meta.json").read_text())["seconds"]
+    result = {"mb": round(total / 1e6, 1), "text_mb": round(text / 1e6, 1),
+              "build_seconds": round(seconds, 1), "text_seconds": parts["text"],
+              "rest_seconds": parts["rest"], "load": [before, load()]}
+    print(f"  column index: {result['mb']:,} MB, of which text {result['text_mb']:,} MB; built "
+          f"again in {seconds:.1f} s (text {parts['text']} s, load {before} → {load()})",
+          flush=True)
+    return result
+
+
 # --- 2. the API --------------------------------------------------------------------------------
 
 def _counts(incident_id: int, column: str) -> list[tuple[Any, int]]:
@@ -184,16 +209,33 @@ def event_queries(incident_id: int) -> list[tuple[str, str, dict[str, Any]]]:
     queries += [("since/until", f"window of {label} in the middle", window)
                 for label, window in windows.items()]
     names = _counts(incident_id, "name")
+    user = _counts(incident_id, "username")[0][0]
+    # the most common URI's path segments in reverse order: trigrams that every part of the
+    # incident holds, in an order that (almost) no event does
+    near_miss = "/".join(reversed(_counts(incident_id, "request_uri")[0][0].strip("/").split("/")))
     queries += [
         ("q", "common: q=kube", {"q": "kube"}),
         ("q", f"rare: q={names[-1][0]} (a name of {names[-1][1]:,} events)",
          {"q": names[-1][0]}),
         ("q", "no match: q=no-such-text", {"q": "no-such-text"}),
+        ("q", f"rare with a common user: q={names[-1][0]}&user={user}",
+         {"q": names[-1][0], "user": user}),
+        ("q", f"two terms: q={names[0][0]}&q={names[-1][0]}", {"q": [names[0][0], names[-1][0]]}),
+        ("q", f"near miss: q={near_miss} ({_text_count(incident_id, near_miss):,} events;"
+              " its trigrams are common)", {"q": near_miss}),
     ]
     users, verbs = _counts(incident_id, "username"), _counts(incident_id, "verb")
     queries.append(("combined", f"user={users[0][0]}&verb={verbs[0][0]}&window of 1 min",
                     {"user": users[0][0], "verb": verbs[0][0], **windows["1 min"]}))
     return queries
+
+
+def _text_count(incident_id: int, term: str) -> int:
+    from django.db.models import Q
+    from timelines.models import Event
+
+    return Event.objects.filter(Q(request_uri__icontains=term) | Q(message__icontains=term)
+                                | Q(name__icontains=term), incident_id=incident_id).count()
 
 
 def first_view_queries(incident_id: int) -> list[tuple[str, str, dict[str, Any]]]:
@@ -367,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = vacuum(incident_id)
         results["ingest"]["vacuum_analyze_seconds"] = round(seconds, 1)
         print(f"  VACUUM (ANALYZE) of the partition: {seconds:.1f} s", flush=True)
+        results["column_index"] = column_index(incident_id)
     # What tasks.finish_incident does after every ingest (manage.py ingest ran it already): here
     # again for a database of --reuse measured before it existed.
     from timelines.ingest.store import analyze_time_order

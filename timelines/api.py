@@ -99,9 +99,8 @@ def index_query(incident_id: int, params, queryset) -> IndexQuery | None:
     only ``since``/``until`` are given, which the database's ``(incident, received)`` index
     serves as well."""
     given = {n: v for n, v in params.lists() if n in EventFilterSet.base_filters and any(v)}
-    held = {n: v for n, v in given.items() if n != "q"}
     if not any(name in columns.FILTER_COLUMNS or name == "q" for name in given) \
-            or not columns.ColumnIndex.serves(held):
+            or not columns.ColumnIndex.serves(given):
         return None
     version = aggregate.data_version(incident_id)
     index = columns.load(incident_id, version) if version is not None else None
@@ -111,12 +110,9 @@ def index_query(incident_id: int, params, queryset) -> IndexQuery | None:
     if not filterset.is_valid():  # the filter backend has refused it already
         return None
     data = filterset.form.cleaned_data
-    filters = {n: data.get(n) for n in held if n in columns.FILTER_COLUMNS}
-    if data.get("q"):
-        terms = index.fold(data["q"])
-        if terms is None:
-            return None
-        filters["q"] = terms
+    filters = index.filters(data, given)
+    if filters is None:
+        return None
     return IndexQuery(index, filters, data.get("since"), data.get("until"))
 
 

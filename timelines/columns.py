@@ -20,16 +20,16 @@ distinct values. Web processes map the files (``mmap``): the
 operating system's page cache holds one copy for all of them, and the web and worker
 containers share the data volume (docker-compose.yml). A new upload makes a new version; older
 versions are removed once the new one is in place, and an incident's deletion removes them all.
-Without an index (not built yet, an upload running, a filter it does not hold such as the free
-text ``q``) the database counts, as before.
+Without an index (not built yet, an upload running, a filter it does not hold such as
+``group``) the database counts, as before.
 
 The events are stored in the events list's order (``received``, then ``id``), so the times of
 any selection come out sorted (the overview's suggested window reads them,
 ``timelines.overview``), and each event's ``id`` is kept, so that a page of matches can be read
 by id. A signature also says whether its events never completed (open spans), which the
 overview's outcome series count. The events' free text (``request_uri``, ``message``, ``name``)
-is kept beside them in blocks (``timelines.textblocks``), so the events list and its stepping
-answer the text filter ``q`` from the index too.
+is kept beside them in blocks (``timelines.textblocks``), so that every reader answers the text
+filter ``q`` from the index too.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 
 # Filter parameter (timelines.filters.EventFilterSet) → column. Every "any of these values"
 # filter on a plain text or integer column; not ``group`` (a list per event), ``audit_id``
-# (unique per request: its dictionary would be as big as the events) or the free text ``q``.
+# (unique per request: its dictionary would be as big as the events) or the free text ``q``
+# (``timelines.textblocks``, tested on the events' text).
 FILTER_COLUMNS = {
     "kind": "kind", "resource": "resource", "subresource": "subresource", "name": "name",
     "namespace": "namespace", "user": "username", "impersonated_user": "impersonated_user",
@@ -402,8 +403,28 @@ class ColumnIndex:
 
     @staticmethod
     def serves(params: Mapping[str, list[str]]) -> bool:
-        """Whether every filter of the query (name → values) is one this index holds."""
-        return all(name in FILTER_COLUMNS or name in WINDOW_PARAMS for name in params)
+        """Whether every filter of the query (name → values) is one this index holds (a term
+        of ``q`` may still not be: ``filters``)."""
+        return all(name in FILTER_COLUMNS or name in WINDOW_PARAMS or name == "q"
+                   for name in params)
+
+    def filters(self, data: Mapping, names: Iterable[str]) -> dict[str, list] | None:
+        """The filters ``names`` of a query (those it gives; ``since``/``until`` are the
+        window's) as ``select``, ``reach`` and ``ids`` take them, from the cleaned data of
+        ``EventFilterSet``'s form: ``q``'s terms folded (``fold``). None when the index does not
+        hold one of them. The one translation of a query into the index's terms, for every
+        reader (the figure, facets, overview, statistics, the events list, its stepping and
+        the exports)."""
+        names = [name for name in names if name not in WINDOW_PARAMS]
+        if not self.serves(dict.fromkeys(names)):
+            return None
+        filters = {name: data.get(name) for name in names if name in FILTER_COLUMNS}
+        if "q" in names and data.get("q"):
+            terms = self.fold(data["q"])
+            if terms is None:
+                return None
+            filters["q"] = terms
+        return filters
 
     def fold(self, terms: list[str]) -> list[bytes] | None:
         """The text filter's terms as the index holds text (``textblocks``): PostgreSQL's
@@ -422,10 +443,15 @@ class ColumnIndex:
         """The events matching ``filters`` (parameter → cleaned values, as EventFilterSet's
         form gives them: a repeated value ORs, parameters AND) received within the window.
         The events being in time order, the window is a slice: a zoomed query tests only the
-        events inside it."""
+        events inside it. The text filter ``q`` opens only the text blocks that may hold its
+        terms, and of those only the ones holding an event the other filters keep."""
         start, stop = self._slice(since, until)
         signatures = self._matching(filters)
         mask = None if signatures is None else signatures[self.signature[start:stop]]
+        terms = filters.get("q")
+        if terms:
+            text = self.text.matches(terms, start, stop, self.text.candidates(terms), mask)
+            mask = text if mask is None else (mask & text)
         count = stop - start if mask is None else int(np.count_nonzero(mask))
         return Window(mask, count, start, stop)
 

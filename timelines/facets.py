@@ -286,12 +286,11 @@ def select(incident: Incident, params: QueryDict, *, version: str | None,
         raise BadQuery(filterset.errors)
     given = {n: v for n, v in params.lists() if n in EventFilterSet.base_filters and any(v)}
     index = columns.load(incident.pk, version) if version is not None else None
-    if index is not None and index.serves(given) and all(
-            FACET_FIELDS[f] in columns.FILTER_COLUMNS.values() for f in fields):
-        data = filterset.form.cleaned_data
-        return IndexSelection(index, index.select(
-            {n: data.get(n) for n in given if n in columns.FILTER_COLUMNS},
-            data.get("since"), data.get("until")))
+    data = filterset.form.cleaned_data
+    filters = index.filters(data, given) if index is not None and all(
+        FACET_FIELDS[f] in columns.FILTER_COLUMNS.values() for f in fields) else None
+    if filters is not None:
+        return IndexSelection(index, index.select(filters, data.get("since"), data.get("until")))
     return DatabaseSelection(filterset.qs)
 
 

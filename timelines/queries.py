@@ -67,9 +67,10 @@ def figure_json(incident: Incident, params: QueryDict, *, group: str = "object",
     from . import columns  # numpy: imported by the processes that draw, not by every ingest job
 
     index = columns.load(incident.pk, version) if version is not None else None
-    if index is not None and index.serves({n: v for n, v in query if any(v)}):
-        window = index.select({n: filterset.form.cleaned_data.get(n) for n, _ in query
-                               if n in columns.FILTER_COLUMNS}, since, until)
+    filters = index.filters(filterset.form.cleaned_data, [n for n, v in query if any(v)]) \
+        if index is not None else None
+    if filters is not None:
+        window = index.select(filters, since, until)
         large = window.count > MAX_SPANS
         counts = index.lane_counts(window, group, since=since, until=until) if large else None
     else:

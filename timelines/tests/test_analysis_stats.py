@@ -172,7 +172,8 @@ def _timed_rows(count: int = 3000, seed: int = 11) -> list[Row]:
                   "resource": rng.choice(["pods", "configmaps", "", "leases"]),
                   "namespace": rng.choice(["shop", "kube-system", ""]),
                   "source": rng.choice(["node-1.log", "node-2.log"]),
-                  "code": rng.choice([200, 200, 200, 201, 404, 409, 500])}
+                  "code": rng.choice([200, 200, 200, 201, 404, 409, 500]),
+                  "name": rng.choice(["", "obj-1", "obj-12", "web"])}
         if shape < 0.8:
             length = timedelta(microseconds=int(rng.lognormvariate(8, 2)) // 50 * 50)
             fields["completed"] = received + length
@@ -194,7 +195,8 @@ def _timed_rows(count: int = 3000, seed: int = 11) -> list[Row]:
 QUERIES = ["", "user=alice&user=bob", "verb=list&code=200", "kind=event",
            "resource=pods&namespace=shop", "since=2024-03-01T12:02:00Z",
            "since=2024-03-01T12:01:40Z&until=2024-03-01T12:05:00.000001Z&verb=list",
-           "user=nobody", "source=node-2.log&user_agent=helm"]
+           "user=nobody", "source=node-2.log&user_agent=helm", "q=obj-1", "q=OBJ&verb=get",
+           "q=no-such-text"]
 
 
 @pytest.fixture
@@ -238,7 +240,7 @@ def test_the_index_answers_as_the_database_does(indexed, by):
             group, _, duration, done, failed, keys = rows
             assert stats.group_stats(group, duration, done, failed, keys) == \
                 by_database["results"], query
-    assert len(totals) >= len(QUERIES) - 2  # the queries do select different requests
+    assert len(totals) >= len(QUERIES) - 3  # the queries do select different requests
 
 
 @pytest.mark.parametrize("by", ["user", "code"])
@@ -266,8 +268,10 @@ def test_the_api_answers_from_the_index_without_asking_the_database(indexed, cli
     monkeypatch.setattr(stats, "_database_rows", fail)
     monkeypatch.setattr(stats, "_postgres_rows", fail)
     assert get(client, incident, "by=verb&user=alice") == by_database
+    # the free text is answered from the index too; the groups by the database
+    assert get(client, incident, "by=verb&q=obj-1")["requests"] > 0
     with pytest.raises(AssertionError, match="database was asked"):
-        client.get(URL.format(incident.pk), {"by": "verb", "q": "healthz"})
+        client.get(URL.format(incident.pk), {"by": "verb", "group": "system:masters"})
 
 
 def test_answers_are_cached_until_the_evidence_changes(incident, client, owner):

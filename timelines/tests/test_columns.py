@@ -46,6 +46,10 @@ QUERIES = [
     "until=2024-03-01T12:05:00.000001Z",
     "since=2024-03-01T12:01:40Z&until=2024-03-01T12:01:40.5Z&resource=leases",
     "since=2024-03-01T11:00:00Z&until=2024-03-01T13:00:00Z&verb=delete",  # window beyond the data
+    "q=obj-1",  # text: in names, in any case, alone, with other filters, or nowhere
+    "q=OBJ&q=-7&user=alice",
+    "q=healthz&since=2024-03-01T12:02:00Z",
+    "q=no-such-text",
 ]
 
 
@@ -63,8 +67,7 @@ def _index_counts(index, query: str, group: str):
     form = EventFilterSet(params, queryset=Event.objects.none()).form
     assert form.is_valid(), form.errors
     data = form.cleaned_data
-    window = index.select({n: data.get(n) for n in params if n in columns.FILTER_COLUMNS},
-                          data.get("since"), data.get("until"))
+    window = index.select(index.filters(data, params), data.get("since"), data.get("until"))
     return window.count, index.lane_counts(window, group, since=data.get("since"),
                                            until=data.get("until"))
 
@@ -88,7 +91,7 @@ def test_the_index_counts_what_the_database_counts(indexed, group):
         expected = _database_counts(incident, query, group)
         assert _index_counts(index, query, group) == expected, query
         selected.add(expected[0])
-    assert len(selected) >= len(QUERIES) - 4  # the queries do select different events
+    assert len(selected) >= len(QUERIES) - 5  # the queries do select different events
 
 
 def test_folding_follows_the_lane_limit_of_the_database(indexed, monkeypatch):
@@ -121,8 +124,8 @@ def test_the_figure_comes_from_the_index_once_built(client, owner, incident, mon
     assert [client.get(f"{url}?{q}").content for q in queries] == by_database
 
 
-def test_free_text_and_unknown_filters_are_left_to_the_database(client, owner, incident,
-                                                                monkeypatch):
+def test_free_text_is_counted_by_the_index_and_groups_by_the_database(client, owner, incident,
+                                                                       monkeypatch):
     _store(incident, _synthetic_rows())
     monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
     warm_overview(incident.pk)
@@ -133,15 +136,17 @@ def test_free_text_and_unknown_filters_are_left_to_the_database(client, owner, i
     client.force_login(owner)
     url = f"/api/v1/incidents/{incident.pk}/figure/"
 
-    text = json.loads(client.get(url, {"q": "healthz"}).content)
     group = json.loads(client.get(url, {"group": "system:masters"}).content)
-
-    assert selects == []
+    assert selects == [] and group["meta"]["total"] == 0
+    text = json.loads(client.get(url, {"q": "healthz"}).content)
+    assert selects == [1]
     assert text["meta"]["total"] == Event.objects.filter(
         incident=incident, request_uri__icontains="healthz").count() > 100
-    assert group["meta"]["total"] == 0
     json.loads(client.get(url, {"verb": "get", "q": ""}).content)  # an empty q is no filter
-    assert selects == [1]
+    assert selects == [1, 1]
+    # a term holding a separator of the text blocks is counted by the database
+    json.loads(client.get(url, {"q": "health\x01z"}).content)
+    assert selects == [1, 1]
 
 
 def test_a_new_upload_makes_a_new_index_and_the_old_one_goes(client, owner, incident,

@@ -263,7 +263,8 @@ def test_open_requests_and_other_evidence_have_their_series(incident, client, ow
 QUERIES = ["", "user=alice&user=bob", "kind=event&kind=log", "verb=get&code=200",
            "since=2024-03-01T12:02:00Z", "until=2024-03-01T12:01:00Z&resource=pods",
            "since=2024-03-01T12:01:40Z&until=2024-03-01T12:05:00.000001Z&verb=list",
-           "user=nobody", "top=3&source=node-1.log"]
+           "user=nobody", "top=3&source=node-1.log", "q=obj-1", "q=HEALTHZ&verb=get",
+           "q=no-such-text"]
 
 
 @pytest.mark.django_db

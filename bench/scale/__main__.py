@@ -240,7 +240,14 @@ def _text_count(incident_id: int, term: str) -> int:
 
 def first_view_queries(incident_id: int) -> list[tuple[str, str, dict[str, Any]]]:
     users = _counts(incident_id, "username")
+    rare = _counts(incident_id, "name")[-1][0]
     return [
+        # the free text: a term no event holds, a rare one, a common one
+        ("figure", "q=no-such-text", {"q": "no-such-text"}),
+        ("figure", f"q={rare}", {"q": rare}),
+        ("figure", "q=kube", {"q": "kube"}),
+        ("facets", f"field=verb&q={rare}", {"field": "verb", "q": rare}),
+        ("overview", f"q={rare}", {"q": rare}),
         ("overview", "unfiltered", {}),
         ("overview", f"user={users[0][0]}", {"user": users[0][0]}),
         ("facets", "field=user_agent", {"field": "user_agent"}),

@@ -5,6 +5,7 @@ the ids of its matches."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -197,6 +198,28 @@ def test_exports_read_only_from_the_first_match_to_the_last(texts, client):
         assert (b"".join(client.get(f"{base}.csv", query).streaming_content),
                 b"".join(client.get(f"{base}.json", query).streaming_content)) \
             == exports[repr(query)], query
+
+
+def test_a_gantt_is_read_by_what_the_index_found(texts, client):
+    """A figure small enough to be a Gantt reads only the events the index selected: none for
+    a term no event holds, the ids of a term's matches; the same bytes as the database's."""
+    url = f"/api/v1/incidents/{texts.pk}/figure/"
+    queries = [{"q": "crashloop"}, {"q": "no-such-text"}, {"q": "obj", "user": "alice"},
+               {"name": "middle"}, {"code": "599"}, {"q": "ß", "lanes": "actor"}]
+    figures = {}
+    for query in queries:
+        sql = _event_queries(client, url, query)
+        figures[repr(query)] = client.get(url, query).content
+        body = json.loads(figures[repr(query)])
+        assert body["meta"]["mode"] == "gantt", query
+        if body["meta"]["total"] == 0:
+            assert sql == [], query
+        elif "q" in query:
+            assert any('"timelines_event"."id" IN' in s for s in sql), query
+    assert json.loads(figures[repr({"q": "crashloop"})])["meta"]["total"] == 3
+    columns.discard(texts.pk)
+    for query in queries:
+        assert client.get(url, query).content == figures[repr(query)], query
 
 
 def test_the_text_filter_skips_blocks_whose_trigrams_miss_the_term(tmp_path):

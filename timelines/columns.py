@@ -77,9 +77,7 @@ _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 # (``duration.npy``, for the request statistics of ``timelines.analysis.stats``). 4: events in
 # (received, id) order, their ids (``id.npy``) and their text (``timelines.textblocks``).
 _FORMAT = 4
-# the columns the text filter ``q`` searches (``filters.EventFilterSet.q``), in stored order
-TEXT_COLUMNS = ("request_uri", "message", "name")
-_TEXT_CHUNK = 65_536  # events per query while the text is read from PostgreSQL
+
 _LOADED_MAX = 4  # indexes kept open per process
 _REACH_BLOCK = 4096  # events tested first by ``ColumnIndex.reach``
 _REACH_BLOCK_MAX = 1 << 20  # and at most at a time (the matches' positions: 8 MB at most)
@@ -152,50 +150,6 @@ def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndar
                       [len(t) for t in times])
     return (np.ascontiguousarray(triples[:, 0]), np.ascontiguousarray(triples[:, 1]),
             np.ascontiguousarray(triples[:, 2]), coded, signatures)
-
-
-def _postgres_texts(incident_id: int, received: np.ndarray, writer: textblocks.Writer) -> None:
-    """The events' folded texts, in the index's order, into ``writer``: PostgreSQL folds them
-    (``upper``, as ``icontains`` compares) and joins those of ``_TEXT_CHUNK`` events at a time,
-    a chunk being a time range (``received`` sorted: ties never straddle two chunks)."""
-    folded = " || E'\\x02' || ".join(
-        f"translate(upper({column}), E'\\x01\\x02', E'\\x03\\x03')" for column in TEXT_COLUMNS)
-    sql = (f"SELECT count(*), string_agg({folded}, E'\\x01' ORDER BY received, id)"
-           f" FROM timelines_event WHERE incident_id = %s AND received >= %s AND received < %s")
-    if not received.size:
-        return
-    cuts = np.unique(received[_TEXT_CHUNK::_TEXT_CHUNK])
-    bounds = [int(received[0]), *cuts.tolist(), int(received[-1]) + 1]
-    with connection.cursor() as cursor:
-        for low, high in zip(bounds, bounds[1:], strict=False):
-            expected = int(np.searchsorted(received, high, "left")
-                           - np.searchsorted(received, low, "left"))
-            cursor.execute(sql, [incident_id, _moment(low), _moment(high)])
-            count, text = cursor.fetchone()
-            if count != expected:
-                raise ValueError(f"incident {incident_id}: {count} events between {low} and"
-                                 f" {high} µs, the index holds {expected}")
-            writer.add((text or "").encode("utf-8"), count)
-
-
-def _rows_texts(incident_id: int, writer: textblocks.Writer) -> None:
-    """``_postgres_texts`` through the ORM (the embedded default), folded as SQLite's LIKE
-    compares (ASCII letters only)."""
-    from .models import Event
-
-    rows = Event.objects.filter(incident_id=incident_id).order_by("received", "id").values_list(
-        *TEXT_COLUMNS).iterator(chunk_size=_FETCH_ROWS)
-    chunk: list[tuple[bytes, ...]] = []
-    for values in rows:
-        chunk.append(tuple(textblocks.fold_ascii(v) for v in values))
-        if len(chunk) == textblocks.BLOCK:
-            writer.add(*textblocks.join_events(chunk))
-            chunk = []
-    writer.add(*textblocks.join_events(chunk))
-
-
-def _moment(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
 
 
 def _split(signature: str) -> dict | None:
@@ -276,9 +230,9 @@ def build(incident_id: int, version: str) -> Path | None:
         writer = textblocks.Writer(work)
         try:
             if postgres:
-                _postgres_texts(incident_id, times, writer)
+                textblocks.read_postgres(incident_id, times, writer)
             else:
-                _rows_texts(incident_id, writer)
+                textblocks.read_rows(incident_id, writer)
         finally:
             writer.close()
         if writer.events != times.size:
@@ -411,32 +365,20 @@ class ColumnIndex:
     def filters(self, data: Mapping, names: Iterable[str]) -> dict[str, list] | None:
         """The filters ``names`` of a query (those it gives; ``since``/``until`` are the
         window's) as ``select``, ``reach`` and ``ids`` take them, from the cleaned data of
-        ``EventFilterSet``'s form: ``q``'s terms folded (``fold``). None when the index does not
-        hold one of them. The one translation of a query into the index's terms, for every
-        reader (the figure, facets, overview, statistics, the events list, its stepping and
-        the exports)."""
+        ``EventFilterSet``'s form: ``q``'s terms folded (``textblocks.fold``). None when the
+        index does not hold one of them. The one translation of a query into the index's
+        terms, for every reader (the figure, facets, overview, statistics, the events list,
+        its stepping and the exports)."""
         names = [name for name in names if name not in WINDOW_PARAMS]
         if not self.serves(dict.fromkeys(names)):
             return None
         filters = {name: data.get(name) for name in names if name in FILTER_COLUMNS}
         if "q" in names and data.get("q"):
-            terms = self.fold(data["q"])
+            terms = textblocks.fold(data["q"], self.text_case)
             if terms is None:
                 return None
             filters["q"] = terms
         return filters
-
-    def fold(self, terms: list[str]) -> list[bytes] | None:
-        """The text filter's terms as the index holds text (``textblocks``): PostgreSQL's
-        ``upper()`` of each, or its ASCII letters in upper case (SQLite). None when one cannot
-        be looked for here (it holds a separator)."""
-        if self.text_case == "upper":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT " + ", ".join(["upper(%s)"] * len(terms)), terms)
-                folded = [t.encode("utf-8") for t in cursor.fetchone()]
-        else:
-            folded = [textblocks.fold_ascii(t) for t in terms]
-        return folded if all(textblocks.servable(t) for t in folded) else None
 
     def select(self, filters: Mapping[str, list], since: datetime | None,
                until: datetime | None) -> Window:
@@ -478,8 +420,8 @@ class ColumnIndex:
     def _tester(self, filters: Mapping[str, list]):
         """A function of ``(begin, end)`` giving the positions (from ``begin``) of the events
         among ``begin:end`` that match ``filters``, or None when no event can match. The text
-        filter ``q`` (terms folded by ``fold``) opens only the text blocks that may hold every
-        term."""
+        filter ``q`` (terms folded by ``textblocks.fold``) opens only the text blocks that may
+        hold every term."""
         signatures = self._matching(filters)
         terms = filters.get("q") or []
         blocks = self.text.candidates(terms) if terms else None

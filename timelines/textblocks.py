@@ -15,6 +15,9 @@ kept beside the column index's arrays, in the same order (``received``, then ``i
   may hold a term of three or more bytes are an AND of a few rows of bits. A block whose bits
   say no cannot hold the term; one whose bits say yes is opened and searched.
 
+The build reads the texts from the database in the index's order (``read_postgres``, or
+``read_rows`` through the ORM) into a ``Writer``; a reader maps them (``TextBlocks``).
+
 The texts are stored as the database compares them: ``icontains`` compares ``UPPER(column)``
 with ``UPPER(term)`` on PostgreSQL, and on SQLite uses ``LIKE``, which folds ASCII letters
 only. The build takes the upper case from the database itself (PostgreSQL) or folds ASCII
@@ -29,10 +32,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import lz4.block
 import numpy as np
+from django.db import connection
+
+from .figures import EPOCH
 
 BLOCK = 4096  # events per block
 BITS = 1 << 16  # bits of a block's trigram filter
@@ -41,11 +48,28 @@ _HASH = np.uint32(0x9E3779B1)  # Fibonacci hashing
 EVENT, FIELD, STAND_IN = b"\x01", b"\x02", b"\x03"
 _RESERVED = (EVENT, FIELD, STAND_IN)
 _OPEN_BLOCKS = 32  # decompressed blocks kept per index
+# the columns the text filter ``q`` searches (``filters.EventFilterSet.q``), in stored order
+TEXT_COLUMNS = ("request_uri", "message", "name")
+_TEXT_CHUNK = 65_536  # events per query while the text is read from PostgreSQL
+_FETCH_ROWS = 50_000  # rows per fetch while it is read through the ORM
 
 
 def fold_ascii(text: str) -> bytes:
     """A value as SQLite's LIKE compares it: ASCII letters in upper case, the rest as it is."""
     return text.encode("utf-8").upper()  # bytes.upper() changes ASCII letters only
+
+
+def fold(terms: list[str], case: str) -> list[bytes] | None:
+    """The text filter's terms as an index of this ``case`` holds text: "upper", PostgreSQL's
+    ``upper()`` of each (asked of PostgreSQL), or "ascii", its ASCII letters in upper case
+    (SQLite). None when one cannot be looked for (it holds a separator)."""
+    if case == "upper":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(["upper(%s)"] * len(terms)), terms)
+            folded = [t.encode("utf-8") for t in cursor.fetchone()]
+    else:
+        folded = [fold_ascii(t) for t in terms]
+    return folded if all(servable(t) for t in folded) else None
 
 
 def servable(term: bytes) -> bool:
@@ -218,3 +242,47 @@ def _events_holding(blob: bytes, starts: np.ndarray, term: bytes) -> np.ndarray:
         at = at[data[at + offset] == term[offset]]
     found[np.searchsorted(starts, at, "right") - 1] = True
     return found
+
+
+def read_postgres(incident_id: int, received: np.ndarray, writer: Writer) -> None:
+    """The events' folded texts, in the index's order, into ``writer``: PostgreSQL folds them
+    (``upper``, as ``icontains`` compares) and joins those of ``_TEXT_CHUNK`` events at a time,
+    a chunk being a time range (``received`` sorted: ties never straddle two chunks)."""
+    folded = " || E'\\x02' || ".join(
+        f"translate(upper({column}), E'\\x01\\x02', E'\\x03\\x03')" for column in TEXT_COLUMNS)
+    sql = (f"SELECT count(*), string_agg({folded}, E'\\x01' ORDER BY received, id)"
+           f" FROM timelines_event WHERE incident_id = %s AND received >= %s AND received < %s")
+    if not received.size:
+        return
+    cuts = np.unique(received[_TEXT_CHUNK::_TEXT_CHUNK])
+    bounds = [int(received[0]), *cuts.tolist(), int(received[-1]) + 1]
+    with connection.cursor() as cursor:
+        for low, high in zip(bounds, bounds[1:], strict=False):
+            expected = int(np.searchsorted(received, high, "left")
+                           - np.searchsorted(received, low, "left"))
+            cursor.execute(sql, [incident_id, _moment(low), _moment(high)])
+            count, text = cursor.fetchone()
+            if count != expected:
+                raise ValueError(f"incident {incident_id}: {count} events between {low} and"
+                                 f" {high} µs, the index holds {expected}")
+            writer.add((text or "").encode("utf-8"), count)
+
+
+def read_rows(incident_id: int, writer: Writer) -> None:
+    """``read_postgres`` through the ORM (the embedded default), folded as SQLite's LIKE
+    compares (ASCII letters only)."""
+    from .models import Event
+
+    rows = Event.objects.filter(incident_id=incident_id).order_by("received", "id").values_list(
+        *TEXT_COLUMNS).iterator(chunk_size=_FETCH_ROWS)
+    chunk: list[tuple[bytes, ...]] = []
+    for values in rows:
+        chunk.append(tuple(fold_ascii(v) for v in values))
+        if len(chunk) == BLOCK:
+            writer.add(*join_events(chunk))
+            chunk = []
+    writer.add(*join_events(chunk))
+
+
+def _moment(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)

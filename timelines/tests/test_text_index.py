@@ -57,7 +57,7 @@ def texts(request, incident, client, owner, monkeypatch):
     edges)."""
     if request.param == "blocks of 7":
         monkeypatch.setattr(textblocks, "BLOCK", 7)
-        monkeypatch.setattr(columns, "_TEXT_CHUNK", 50)
+        monkeypatch.setattr(textblocks, "_TEXT_CHUNK", 50)
     _store(incident, _text_rows())
     columns.build(incident.pk, aggregate.data_version(incident.pk))
     client.force_login(owner)
@@ -96,7 +96,7 @@ def test_the_index_finds_exactly_what_the_database_finds(texts):
     first, last = int(index.received[0]), int(index.received[-1])
     served = 0
     for term in TERMS:
-        folded = index.fold([term])
+        folded = textblocks.fold([term], index.text_case)
         wanted = list(events.filter(pk__in=_database_matches(events, term))
                       .order_by("received", "id").values_list("id", flat=True))
         if folded is None:  # a separator in the term: the database answers it

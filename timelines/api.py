@@ -6,7 +6,7 @@ import csv
 import gzip
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import orjson
 from django.db.models import Q
@@ -23,7 +23,7 @@ from incidents.access import get_visible_incident, visible_incidents
 
 from . import aggregate, columns
 from .diff import NoVersion, diff, object_version
-from .figures import COLOURS, EPOCH, microseconds
+from .figures import COLOURS, microseconds, moment
 from .filters import EventFilterSet
 from .lanes import GROUPS
 from .models import Event
@@ -116,10 +116,6 @@ def index_query(incident_id: int, params, queryset) -> IndexQuery | None:
     return IndexQuery(index, filters, data.get("since"), data.get("until"))
 
 
-def _moment(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
-
-
 def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | None = None,
              reverse: bool = False):
     """``queryset``, the incident's events filtered by ``params``, narrowed for a page of the
@@ -137,12 +133,12 @@ def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | N
         return queryset
     if position is not None:  # as the paginator wrote it: str() of an event's received
         try:
-            moment = parse_datetime(position)
+            instant = parse_datetime(position)
         except ValueError:
-            moment = None
-        if moment is None or moment.tzinfo is None:
+            instant = None
+        if instant is None or instant.tzinfo is None:
             return queryset  # not one of ours: the paginator answers it as it can
-        point = microseconds(moment)
+        point = microseconds(instant)
     query = index_query(incident_id, params, queryset)
     if query is None:
         return queryset
@@ -150,7 +146,7 @@ def narrowed(incident_id: int, params, queryset, *, rows: int, position: str | N
                        before=point if reverse else None)
     if span is None:
         return queryset.none()
-    queryset = queryset.filter(received__gte=_moment(span[0]), received__lte=_moment(span[1]))
+    queryset = queryset.filter(received__gte=moment(span[0]), received__lte=moment(span[1]))
     return queryset.filter(id__in=query.ids(*span)) if query.text else queryset
 
 
@@ -265,8 +261,8 @@ def _exported(request, incident_pk: int):
     first, last = query.reach(rows=1), query.reach(rows=1, before=_LAST)
     if first is None or last is None:
         return incident, queryset.none()
-    return incident, queryset.filter(received__gte=_moment(first[0]),
-                                     received__lte=_moment(last[1]))
+    return incident, queryset.filter(received__gte=moment(first[0]),
+                                     received__lte=moment(last[1]))
 
 
 @api_view(["GET"])
@@ -344,7 +340,7 @@ def incident_event_step(request, incident_pk: int):
         span = query.reach(rows=1, after=point if forward else None,
                            before=None if forward else (point if origin else _LAST))
         if span is not None:
-            bound = _moment(span[0])
+            bound = moment(span[0])
         elif origin:
             bound = received  # only events at the anchor's own time can follow it
         else:

@@ -44,7 +44,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +52,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from . import aggregate, textblocks
-from .figures import EPOCH, HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds
+from .figures import HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds, moment
 from .lanes import GROUPS, OTHER_LANES, lane_name
 
 log = logging.getLogger(__name__)
@@ -503,8 +503,7 @@ class ColumnIndex:
         received = self.selected(self.received, window)
         signature = self.selected(self.signature, window)
         first_us, last_us = int(received.min()), int(received.max())
-        first = EPOCH + timedelta(microseconds=first_us)
-        last = EPOCH + timedelta(microseconds=last_us)
+        first, last = moment(first_us), moment(last_us)
         edges = Bins.spanning(min(since or first, first), max(until or last, last), bins)
         columns = (received - microseconds(edges.start)) // (edges.width // MICROSECOND)
         names = self._lane_names[group]

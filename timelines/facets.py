@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import numpy as np
 import orjson
@@ -41,7 +41,7 @@ from django.http import QueryDict
 from incidents.models import Incident
 
 from . import aggregate, columns
-from .figures import EPOCH, Bins, microseconds
+from .figures import Bins, microseconds
 from .filters import EventFilterSet
 from .models import Event
 from .queries import BadQuery
@@ -80,10 +80,6 @@ _SERIES_SQL = ("CASE WHEN kind <> 'audit' THEN kind WHEN completed IS NULL THEN 
                " WHEN code >= 200 AND code < 600 THEN (code / 100)::text || 'xx'"
                " ELSE 'other' END")
 _MICROSECONDS_SQL = "(extract(epoch FROM received) * 1000000)::bigint"
-
-
-def moment(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=int(micros))
 
 
 # --- selections ---------------------------------------------------------------------------------

@@ -119,8 +119,9 @@ def microseconds(moment: datetime) -> int:
     return (moment - EPOCH) // MICROSECOND
 
 
-def _moment(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
+def moment(micros: int) -> datetime:
+    """The instant ``micros`` microseconds after the epoch (``microseconds``' inverse)."""
+    return EPOCH + timedelta(microseconds=int(micros))
 
 
 def _colour(kind: str, verb: str, code: int | None, is_open: bool,
@@ -293,8 +294,8 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         # otherwise sit on the plot's edge, their markers half under the lane labels.
         margin = (right - left) * EDGE_SHARE
         layout["xaxis"]["range"] = [
-            (window_start or _moment(round(left - margin))).isoformat(),
-            (window_end or _moment(round(right + margin))).isoformat()]
+            (window_start or moment(round(left - margin))).isoformat(),
+            (window_end or moment(round(right + margin))).isoformat()]
     return {
         "data": data,
         "layout": layout,
@@ -302,7 +303,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         "lanes": names,
         "meta": {"mode": "gantt", "spans": len(bars), "lanes": len(names), "total": len(bars),
                  "lanes_per_page": LANES_PER_PAGE,
-                 "range": None if first is None else _range(_moment(first), _moment(last))},
+                 "range": None if first is None else _range(moment(first), moment(last))},
     }
 
 

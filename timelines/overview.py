@@ -14,8 +14,8 @@ from django.http import QueryDict
 from incidents.models import Incident
 
 from . import facets
-from .facets import SERIES, bounded, moment, rank
-from .figures import Bins, microseconds
+from .facets import SERIES, bounded, rank
+from .figures import Bins, microseconds, moment
 from .queries import window_of
 
 HISTOGRAM_BINS = 120

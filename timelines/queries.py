@@ -13,7 +13,7 @@ benchmark). A Gantt is built from the rows of its window each time.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import orjson
 from django.conf import settings
@@ -23,7 +23,7 @@ from django.http import QueryDict
 from incidents.models import Incident
 
 from . import aggregate
-from .figures import EPOCH, MAX_SPANS, build_gantt_figure, build_heatmap_figure
+from .figures import MAX_SPANS, build_gantt_figure, build_heatmap_figure, moment
 from .filters import EventFilterSet
 from .models import Event
 
@@ -100,8 +100,7 @@ def _gantt_rows(queryset, index, window, *, text: bool):
     if window.count == 0:
         return queryset.none()
     times = index.times(window)
-    queryset = queryset.filter(received__range=(EPOCH + timedelta(microseconds=int(times[0])),
-                                                EPOCH + timedelta(microseconds=int(times[-1]))))
+    queryset = queryset.filter(received__range=(moment(times[0]), moment(times[-1])))
     return queryset.filter(id__in=index.selected(index.id, window).tolist()) if text else queryset
 
 

@@ -32,14 +32,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import lz4.block
 import numpy as np
 from django.db import connection
 
-from .figures import EPOCH
+from .figures import moment
 
 BLOCK = 4096  # events per block
 BITS = 1 << 16  # bits of a block's trigram filter
@@ -260,7 +259,7 @@ def read_postgres(incident_id: int, received: np.ndarray, writer: Writer) -> Non
         for low, high in zip(bounds, bounds[1:], strict=False):
             expected = int(np.searchsorted(received, high, "left")
                            - np.searchsorted(received, low, "left"))
-            cursor.execute(sql, [incident_id, _moment(low), _moment(high)])
+            cursor.execute(sql, [incident_id, moment(low), moment(high)])
             count, text = cursor.fetchone()
             if count != expected:
                 raise ValueError(f"incident {incident_id}: {count} events between {low} and"
@@ -282,7 +281,3 @@ def read_rows(incident_id: int, writer: Writer) -> None:
             writer.add(*join_events(chunk))
             chunk = []
     writer.add(*join_events(chunk))
-
-
-def _moment(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-from datetime import datetime
 
 import orjson
 from django.contrib.auth.decorators import login_required
@@ -21,7 +20,7 @@ from incidents.models import Incident
 
 from ..aggregate import span_rows
 from ..api import _ACCEPTS_GZIP, GZIP_MIN_BYTES
-from ..figures import EDGE_SHARE, EPOCH, MICROSECOND, microseconds
+from ..figures import EDGE_SHARE, microseconds, moment
 from ..models import Event
 from ..queries import BadQuery
 from . import filtered
@@ -110,7 +109,7 @@ def _batches(run: Run, queryset, size: int = 500):
             yield rows
         if len(rows) < size:
             return
-        after = (_moment(rows[-1].received), rows[-1].id)
+        after = (moment(rows[-1].received), rows[-1].id)
 
 
 def _shared_create(run_a: Run, run_b: Run) -> tuple[Step, Step] | None:
@@ -214,12 +213,8 @@ def compare_api(request, incident_pk: int):
     return response
 
 
-def _moment(micros: int) -> datetime:
-    return EPOCH + micros * MICROSECOND
-
-
 def _iso(micros: int) -> str:
-    return _moment(micros).isoformat().replace("+00:00", "Z")
+    return moment(micros).isoformat().replace("+00:00", "Z")
 
 
 def _common_range(steps_a, time_a, steps_b, time_b) -> list[float] | None:

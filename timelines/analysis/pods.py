@@ -81,10 +81,6 @@ def microseconds(moment: datetime) -> int:
     return (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
 
 
-def moment(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
-
-
 def rfc3339(micros: int | None) -> str | None:
     """As ``moment(micros).isoformat()`` with ``Z`` for ``+00:00`` (no fraction when whole)."""
     if micros is None:

@@ -44,7 +44,7 @@ from django.http import QueryDict
 from incidents.models import Incident
 
 from .. import facets
-from ..figures import EPOCH, Bins, microseconds
+from ..figures import Bins, microseconds, moment
 from ..queries import BadQuery
 
 # ``by`` → event column (the events filter of the same name filters on it)
@@ -147,8 +147,7 @@ def in_flight(group: np.ndarray, received: np.ndarray, completed: np.ndarray, ke
     received = np.asarray(received, dtype=np.int64)
     completed = np.maximum(np.asarray(completed, dtype=np.int64), received)
     first, last = int(received.min()), int(completed.max())
-    edges = Bins.spanning(EPOCH + timedelta(microseconds=first),
-                          EPOCH + timedelta(microseconds=last), bins)
+    edges = Bins.spanning(moment(first), moment(last), bins)
     width = edges.width // timedelta(microseconds=1)
     start_bin = (received - first) // width
     end_bin = (completed - first) // width

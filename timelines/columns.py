@@ -385,15 +385,10 @@ class ColumnIndex:
         """The events matching ``filters`` (parameter → cleaned values, as EventFilterSet's
         form gives them: a repeated value ORs, parameters AND) received within the window.
         The events being in time order, the window is a slice: a zoomed query tests only the
-        events inside it. The text filter ``q`` opens only the text blocks that may hold its
-        terms, and of those only the ones holding an event the other filters keep."""
+        events inside it (``_masker``)."""
         start, stop = self._slice(since, until)
-        signatures = self._matching(filters)
-        mask = None if signatures is None else signatures[self.signature[start:stop]]
-        terms = filters.get("q")
-        if terms:
-            text = self.text.matches(terms, start, stop, self.text.candidates(terms), mask)
-            mask = text if mask is None else (mask & text)
+        mask_of = self._masker(filters)
+        mask = np.zeros(stop - start, dtype=bool) if mask_of is None else mask_of(start, stop)
         count = stop - start if mask is None else int(np.count_nonzero(mask))
         return Window(mask, count, start, stop)
 
@@ -417,11 +412,12 @@ class ColumnIndex:
             signatures = match if signatures is None else (signatures & match)
         return signatures
 
-    def _tester(self, filters: Mapping[str, list]):
-        """A function of ``(begin, end)`` giving the positions (from ``begin``) of the events
-        among ``begin:end`` that match ``filters``, or None when no event can match. The text
-        filter ``q`` (terms folded by ``textblocks.fold``) opens only the text blocks that may
-        hold every term."""
+    def _masker(self, filters: Mapping[str, list]):
+        """A function of ``(begin, end)`` giving one bool per event ``begin:end``, whether it
+        matches ``filters`` (None: every event does), or None when no event can match. The
+        text filter ``q`` (terms folded by ``textblocks.fold``) opens only the text blocks that
+        may hold every term, and of those only the ones holding an event the other filters
+        keep."""
         signatures = self._matching(filters)
         terms = filters.get("q") or []
         blocks = self.text.candidates(terms) if terms else None
@@ -429,11 +425,23 @@ class ColumnIndex:
                 (blocks is not None and not blocks.any()):
             return None
 
-        def hits(begin: int, end: int) -> np.ndarray:
-            mask = None if signatures is None else signatures[self.signature[begin:end]]
+        def mask(begin: int, end: int) -> np.ndarray | None:
+            kept = None if signatures is None else signatures[self.signature[begin:end]]
             if terms:
-                text = self.text.matches(terms, begin, end, blocks, mask)
-                mask = text if mask is None else (mask & text)
+                text = self.text.matches(terms, begin, end, blocks, kept)
+                kept = text if kept is None else (kept & text)
+            return kept
+
+        return mask
+
+    def _tester(self, filters: Mapping[str, list]):
+        """``_masker`` giving the positions (from ``begin``) of the matching events."""
+        mask_of = self._masker(filters)
+        if mask_of is None:
+            return None
+
+        def hits(begin: int, end: int) -> np.ndarray:
+            mask = mask_of(begin, end)
             return np.arange(end - begin) if mask is None else np.flatnonzero(mask)
 
         return hits

@@ -333,7 +333,7 @@ class ColumnIndex:
         self.open: np.ndarray = np.load(folder / "open.npy")  # per signature
         self.signatures: int = len(self.open)
         self.id = np.load(folder / "id.npy", mmap_mode="r")
-        self.text = textblocks.TextBlocks(folder, self.events)
+        self.text = textblocks.TextBlocks(folder)
         self.text_case: str = meta["text_case"]
 
     def field(self, column: str) -> tuple[list, np.ndarray]:

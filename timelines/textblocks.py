@@ -141,9 +141,6 @@ class Writer:
             rows[first * 8:(first + step) * 8] = np.packbits(bits, axis=0).T
         np.save(self.folder / "text-bloom.npy", rows)
 
-    def abandon(self) -> None:
-        self._out.close()
-
 
 def join_events(texts: Iterable[tuple[bytes, ...]]) -> tuple[bytes, int]:
     """(blob, events) of events given as their folded fields (the ASCII-folding path)."""
@@ -160,8 +157,7 @@ def _stand_in(value: bytes) -> bytes:
 class TextBlocks:
     """The text files of one index, mapped."""
 
-    def __init__(self, folder: Path, events: int) -> None:
-        self.events = events
+    def __init__(self, folder: Path) -> None:
         self._data = np.load(folder / "text-offsets.npy")
         self._packed = np.memmap(folder / "text.bin", dtype=np.uint8, mode="r") \
             if self._data[-1] else np.empty(0, dtype=np.uint8)

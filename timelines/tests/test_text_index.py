@@ -235,7 +235,7 @@ def test_the_text_filter_skips_blocks_whose_trigrams_miss_the_term(tmp_path):
         part = [(t.encode(), b"", b"") for t in texts[start:start + 1000]]
         writer.add(*textblocks.join_events(part))
     writer.close()
-    blocks = textblocks.TextBlocks(tmp_path, len(texts))
+    blocks = textblocks.TextBlocks(tmp_path)
     assert blocks.blocks == 4
     assert blocks.candidates([b"RARE-NEEDLE"]).tolist() == [False, True, False, False]
     assert not blocks.candidates([b"NO-SUCH-TEXT"]).any()

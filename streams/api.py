@@ -115,6 +115,8 @@ class StreamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
                 raise PermissionDenied(f"You may not make streams for team {values['team']!r}.")
         else:
             found = list(teams[:2])
+            if not found:
+                raise PermissionDenied("Only editors and admins of a team may make its streams.")
             if len(found) != 1:
                 raise ValidationError({"team": "name the team (you are an editor of "
                                                f"{len(found)} teams)"})

@@ -36,6 +36,9 @@ class Stream(models.Model):
     # this many GB of stored events (None: no limit by size).
     retention_hours = models.PositiveIntegerField(default=24)
     retention_gb = models.FloatField(null=True, blank=True)
+    # Slots of the ring (``retention_hours`` + 1 when made): fixed, as an event's slot is its
+    # hour modulo this. A lower ``retention_hours`` later keeps less; a higher one no more.
+    slot_count = models.PositiveIntegerField(default=25)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
@@ -53,7 +56,7 @@ class Stream(models.Model):
 
     @property
     def slots(self) -> int:
-        return self.retention_hours + 1
+        return self.slot_count
 
 
 class Segment(models.Model):

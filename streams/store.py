@@ -70,7 +70,8 @@ def create_stream(name: str, team, *, retention_hours: int = 24,
     with transaction.atomic():
         stream = Stream.objects.create(
             name=name, team=team, token_hash=hash_token(token), token_prefix=token[:12],
-            retention_hours=retention_hours, retention_gb=retention_gb, created_by=created_by)
+            retention_hours=retention_hours, retention_gb=retention_gb,
+            slot_count=retention_hours + 1, created_by=created_by)
         segments = []
         for slot in range(stream.slots):
             incident = Incident.objects.create(

@@ -6,16 +6,20 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import IntegrityError
 from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
+from hindsight.schema import event_filter_parameters
 from incidents.access import upload_teams
 from incidents.models import Team
 from incidents.serializers import absolute
 from timelines.api import EventCursorPagination
 from timelines.filters import EventFilterSet
+from timelines.models import Event
 from timelines.serializers import LIST_COLUMNS, EventSerializer, event_rows
 
 from . import store
@@ -23,6 +27,9 @@ from .access import can_manage, get_visible_stream, visible_streams
 from .cut import cut_incident
 from .kubeconfig import apiserver_flags, kubeconfig
 from .models import Stream
+
+STREAM_PK = OpenApiParameter("stream_pk", OpenApiTypes.INT, OpenApiParameter.PATH,
+                             description="the stream's id")
 
 
 class StreamSerializer(serializers.ModelSerializer):
@@ -77,6 +84,25 @@ class CutSerializer(serializers.Serializer):
         return data
 
 
+class CutAnswerSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    url = serializers.URLField()
+
+
+class StreamCreatedSerializer(StreamSerializer):
+    token = serializers.CharField(help_text="the bearer token, shown only here")
+    kubeconfig = serializers.CharField(help_text="for --audit-webhook-config-file")
+    apiserver_flags = serializers.ListField(child=serializers.CharField())
+
+    class Meta(StreamSerializer.Meta):
+        fields = [*StreamSerializer.Meta.fields, "token", "kubeconfig", "apiserver_flags"]
+
+
+class KubeconfigSerializer(serializers.Serializer):
+    kubeconfig = serializers.CharField()
+    apiserver_flags = serializers.ListField(child=serializers.CharField())
+
+
 def receiver_url(request, stream: Stream) -> str:
     return absolute(request, reverse("stream-audit", args=[stream.pk]))
 
@@ -102,6 +128,7 @@ class StreamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def get_serializer_class(self):
         return StreamCreateSerializer if self.action == "create" else StreamSerializer
 
+    @extend_schema(request=StreamCreateSerializer, responses={201: StreamCreatedSerializer})
     def create(self, request, *args, **kwargs):
         data = StreamCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -130,6 +157,7 @@ class StreamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
         return Response(_created(request, stream, token, self.get_serializer_context()),
                         status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=KubeconfigSerializer)
     @action(detail=True, methods=["get", "post"], url_path="kubeconfig")
     def kubeconfig(self, request, pk=None):
         """``GET``: the kubeconfig without its token (only its hash is kept). ``POST`` (editors):
@@ -157,9 +185,12 @@ class StreamEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     pagination_class = EventCursorPagination
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # the schema generator has no stream
+            return Event.objects.none()
         stream = get_visible_stream(self.request.user, self.kwargs["stream_pk"])
         return store.events(stream)
 
+    @extend_schema(parameters=[STREAM_PK, *event_filter_parameters()], filters=False)
     def list(self, request, *args, **kwargs):
         queryset = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(queryset.values(*LIST_COLUMNS))
@@ -174,6 +205,8 @@ class StreamIncidentViewSet(viewsets.GenericViewSet):
 
     serializer_class = CutSerializer
 
+    @extend_schema(parameters=[STREAM_PK], request=CutSerializer,
+                   responses={201: CutAnswerSerializer})
     def create(self, request, stream_pk=None):
         stream = get_visible_stream(request.user, stream_pk)
         if not can_manage(request.user, stream):

@@ -27,8 +27,16 @@ import zlib
 import orjson
 from django.conf import settings
 from django.http import JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.decorators import (
+    api_view,
+    authentication_classes,
+    parser_classes,
+    permission_classes,
+    throttle_classes,
+)
+from rest_framework.permissions import AllowAny
 
 from timelines.ingest.pipeline import TRANSIENT_ERRORS
 from timelines.parsers import Redactor, Report
@@ -68,9 +76,26 @@ def _bearer(request) -> str | None:
     return header[1]
 
 
-@csrf_exempt
-@require_POST
-def receive_audit(request, stream_pk: int):
+@extend_schema(
+    request={"application/json": OpenApiTypes.OBJECT},
+    responses={200: OpenApiResponse(OpenApiTypes.OBJECT,
+                                    '{"events", "new", "too_old"}: stored durably'),
+               400: OpenApiResponse(description="malformed: nothing of the batch stored"),
+               401: OpenApiResponse(description="a wrong or missing stream token"),
+               404: OpenApiResponse(description="another stream's token"),
+               413: OpenApiResponse(description="over HINDSIGHT_STREAM_MAX_BATCH_BYTES"),
+               429: OpenApiResponse(description="busy: send it again after Retry-After"),
+               503: OpenApiResponse(description="database unavailable: send it again")},
+    auth=[], description="kube-apiserver's audit webhook: an audit.k8s.io/v1 (or v1beta1) "
+                         "EventList, or one Event, with the stream's token as "
+                         "`Authorization: Bearer <token>`.")
+@api_view(["POST"])
+@authentication_classes([])  # the stream's own token, below: no user, no session
+@permission_classes([AllowAny])
+@throttle_classes([])  # overload is answered by the concurrency limit (429)
+@parser_classes([])  # the body is read as it came
+def receive_audit(drf_request, stream_pk: int):
+    request = drf_request._request
     key = _bearer(request)
     if key is None:
         return _error(401, "Authorization: Bearer <stream token> is required.",

@@ -141,3 +141,17 @@ def test_create_stream_prints_a_kubeconfig_whose_token_posts_into_it(post_batch,
     answer = post_batch(stream.pk, event_list(fixture_events(demo_log)), token)
     assert answer.status_code == 200
     assert orjson.loads(answer.content)["events"] == len(expected_rows(demo_log))
+
+
+def test_the_kubeconfig_url_gives_a_new_token_that_replaces_the_old(stream_of, post_batch,
+                                                                   api_as, owner, teammate,
+                                                                   demo_log):
+    stream, old = stream_of()
+    body = event_list(fixture_events(demo_log)[:5])
+    shown = api_as(teammate).get(f"/api/v1/streams/{stream.pk}/kubeconfig/").json()
+    assert old not in shown["kubeconfig"]  # only its hash is kept
+    assert api_as(teammate).post(f"/api/v1/streams/{stream.pk}/kubeconfig/").status_code == 403
+    made = api_as(owner).post(f"/api/v1/streams/{stream.pk}/kubeconfig/").json()
+    new = yaml.safe_load(made["kubeconfig"])["users"][0]["user"]["token"]
+    assert post_batch(stream.pk, body, old).status_code == 401
+    assert post_batch(stream.pk, body, new).status_code == 200

@@ -160,3 +160,22 @@ def test_overload_answers_429_with_retry_after_and_keeps_what_was_acknowledged(
     assert _identities(store.events(stream)) == kept
     assert post_batch(stream.pk, event_list(lines[10:]), token).status_code == 200
     assert store.events(stream).count() == len(expected_rows(demo_log))
+
+
+def test_a_batch_commits_durably_though_the_writer_turns_synchronous_commit_off(
+        stream_of, demo_log):
+    """The store's writer sets ``synchronous_commit = off`` for file ingest (re-runnable); an
+    acknowledged batch must not be lost to a crash, so its transaction ends with it on. (The
+    test's own transaction holds the batch's, so the setting it would commit with is visible.)"""
+    from django.db import connection
+
+    from streams.receiver import parse_batch
+
+    stream, _ = stream_of()
+    rows, problem = parse_batch(event_list(fixture_events(demo_log)), "test")
+    assert problem is None
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")  # as the writer leaves it
+        store.write_batch(stream, rows)
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"

@@ -13,7 +13,12 @@ from incidents.notes_api import (
     IncidentSequenceViewSet,
     SequenceViewSet,
 )
-from streams.api import StreamEventViewSet, StreamIncidentViewSet, StreamViewSet
+from streams.api import (
+    StreamEventViewSet,
+    StreamIncidentViewSet,
+    StreamViewSet,
+    stream_figure,
+)
 from streams.receiver import receive_audit
 from timelines.analysis import (
     compare_views,
@@ -93,6 +98,7 @@ urlpatterns = [
          name="incident-event-step"),
     # kube-apiserver's audit webhook (a plain view: no session, no DRF, its own token)
     path("api/v1/streams/<int:stream_pk>/audit/", receive_audit, name="stream-audit"),
+    path("api/v1/streams/<int:stream_pk>/figure/", stream_figure, name="stream-figure"),
     path("streams/", include("streams.urls")),
     path("api/v1/", include((router.urls, "api"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -3,13 +3,18 @@ events (every filter of the incident events list) and cutting an incident from i
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import orjson
 from django.conf import settings
 from django.db import IntegrityError
+from django.db.models import Max
+from django.http import HttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.decorators import action
+from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
@@ -17,9 +22,13 @@ from hindsight.schema import event_filter_parameters
 from incidents.access import upload_teams
 from incidents.models import Team
 from incidents.serializers import absolute
+from timelines import aggregate
 from timelines.api import EventCursorPagination
+from timelines.figures import COLOURS, MAX_SPANS, build_gantt_figure
 from timelines.filters import EventFilterSet
+from timelines.lanes import GROUPS
 from timelines.models import Event
+from timelines.queries import _SPAN_FIELDS as SPAN_FIELDS
 from timelines.serializers import LIST_COLUMNS, EventSerializer, event_rows
 
 from . import store
@@ -242,3 +251,46 @@ def _as_query(data):
 
 
 __all__ = ["StreamEventViewSet", "StreamIncidentViewSet", "StreamViewSet", "settings"]
+
+
+TAIL_MINUTES = 5
+
+
+@extend_schema(
+    parameters=[STREAM_PK, *event_filter_parameters(),
+                OpenApiParameter("minutes", int, description=f"the tail drawn without since: "
+                                 f"this many minutes before the newest event ({TAIL_MINUTES})"),
+                OpenApiParameter("lanes", str, enum=list(GROUPS)),
+                OpenApiParameter("colour", str, enum=list(COLOURS))],
+    responses=OpenApiResponse(OpenApiTypes.OBJECT, "a Plotly figure (JSON)"), filters=False)
+@api_view(["GET"])
+def stream_figure(request, stream_pk: int):
+    """The live view's timeline: the incident page's Gantt (``timelines.figures``) of the
+    stream's filtered events, from ``since`` (default: ``minutes`` before the newest matching
+    event) to ``until``; at most ``MAX_SPANS`` events, the newest."""
+    stream = get_visible_stream(request.user, stream_pk)
+    group = request.query_params.get("lanes", "object")
+    colour = request.query_params.get("colour", "verb")
+    if group not in GROUPS or colour not in COLOURS:
+        raise ValidationError({"lanes": f"one of {', '.join(GROUPS)}",
+                               "colour": f"one of {', '.join(COLOURS)}"})
+    try:
+        minutes = min(60, max(1, int(request.query_params.get("minutes", TAIL_MINUTES))))
+    except ValueError:
+        raise ValidationError({"minutes": "a whole number of minutes"}) from None
+    filterset = EventFilterSet(request.query_params, queryset=store.events(stream))
+    if not filterset.is_valid():
+        raise ValidationError(filterset.errors)
+    queryset = filterset.qs
+    since = filterset.form.cleaned_data.get("since")
+    until = filterset.form.cleaned_data.get("until")
+    if since is None:
+        newest = queryset.aggregate(newest=Max("received"))["newest"]
+        if newest is not None:
+            since = newest - timedelta(minutes=minutes)
+            queryset = queryset.filter(received__gte=since)
+    newest_first = queryset.order_by("-received", "-id")[:MAX_SPANS]
+    bars = aggregate.span_rows(newest_first, SPAN_FIELDS)
+    return HttpResponse(orjson.dumps(build_gantt_figure(bars, group=group, colour=colour,
+                                                        window_start=since, window_end=until)),
+                        content_type="application/json")

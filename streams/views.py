@@ -3,6 +3,7 @@ events following the tail, and a time window cut into an incident."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -51,6 +52,8 @@ def stream_detail(request, pk: int):
         "stream": stream, "summary": store.summary(stream),
         "can_manage": can_manage(request.user, stream),
         "events_url": reverse("api:stream-event-list", args=[stream.pk]),
+        "figure_url": reverse("stream-figure", args=[stream.pk]),
+        "plotly_js": settings.PLOTLY_JS,
     })
 
 

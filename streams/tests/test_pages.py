@@ -3,6 +3,8 @@ a window cut there becomes an incident."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import yaml
 
@@ -48,3 +50,21 @@ def test_the_live_view_is_the_teams_and_cuts_a_window_into_an_incident(
     assert Event.objects.filter(incident_id=incident_id).count() == sum(
         since <= r.received <= until for r in rows)
     assert store.events(stream).count() == len(rows)
+
+
+def test_the_live_views_timeline_draws_the_minutes_before_the_newest_event(
+        stream_of, post_batch, api_as, teammate, outsider, demo_log):
+    stream, token = stream_of()
+    assert post_batch(stream.pk, event_list(fixture_events(demo_log)), token).status_code == 200
+    rows = expected_rows(demo_log)
+    newest = max(r.received for r in rows)
+    assert api_as(outsider).get(f"/api/v1/streams/{stream.pk}/figure/").status_code == 404
+    for minutes in (1, 60):
+        figure = api_as(teammate).get(f"/api/v1/streams/{stream.pk}/figure/",
+                                      {"minutes": minutes}).json()
+        expected = sum(r.received >= newest - timedelta(minutes=minutes) for r in rows)
+        assert figure["meta"] == {**figure["meta"], "mode": "gantt", "spans": expected}
+    verb = rows[0].verb
+    figure = api_as(teammate).get(f"/api/v1/streams/{stream.pk}/figure/",
+                                  {"minutes": 60, "verb": verb}).json()
+    assert figure["meta"]["spans"] == sum(r.verb == verb for r in rows)

@@ -179,3 +179,20 @@ def test_a_batch_commits_durably_though_the_writer_turns_synchronous_commit_off(
         store.write_batch(stream, rows)
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
+
+
+def test_a_gzipped_batch_is_taken_and_a_gzip_bomb_answers_413(stream_of, post_batch, demo_log,
+                                                              settings):
+    import gzip
+
+    stream, token = stream_of()
+    body = event_list(fixture_events(demo_log))
+    answer = post_batch(stream.pk, gzip.compress(body), token, Content_Encoding="gzip")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["new"] == len(expected_rows(demo_log))
+    settings.STREAM_MAX_BATCH_BYTES = 1024**2
+    bomb = gzip.compress(b" " * (64 * 1024**2))  # 64 KiB that unzip to 64 MiB
+    assert len(bomb) < settings.STREAM_MAX_BATCH_BYTES
+    answer = post_batch(stream.pk, bomb, token, Content_Encoding="gzip")
+    assert answer.status_code == 413
+    assert "once unzipped" in answer.json()["detail"]

@@ -96,6 +96,29 @@ function hoverTexts(figure) {
   }
 }
 
+// Selecting a window on the timeline (a zoom on its time axis) stops following, so that the
+// drawing stays, and takes the window as the one to cut.
+function fromPlotly(value) {
+  if (typeof value === "number") return new Date(value).toISOString();
+  const m = /^(\d{4}-\d\d-\d\d)(?:[ T](\d\d):(\d\d)(?::(\d\d)(\.\d+)?)?)?/.exec(String(value));
+  if (!m) return null;
+  return m[1] + "T" + (m[2] || "00") + ":" + (m[3] || "00") + ":" + (m[4] || "00") +
+    (m[5] || "") + "Z";
+}
+
+let listening = false;
+
+function onRelayout(update) {
+  let start = update["xaxis.range[0]"];
+  let end = update["xaxis.range[1]"];
+  if (start === undefined && Array.isArray(update["xaxis.range"])) [start, end] = update["xaxis.range"];
+  const sinceInput = document.getElementById("cut-since");
+  if (start === undefined || !sinceInput) return;
+  follow.checked = false;
+  sinceInput.value = fromPlotly(start);
+  document.getElementById("cut-until").value = fromPlotly(end);
+}
+
 async function drawFigure() {
   if (figureBox && window.Plotly && follow.checked) {
     try {
@@ -104,6 +127,10 @@ async function drawFigure() {
         const figure = await answer.json();
         hoverTexts(figure);
         await window.Plotly.react(figureBox, figure.data, figure.layout, {responsive: true});
+        if (!listening) {
+          figureBox.on("plotly_relayout", onRelayout);
+          listening = true;
+        }
       }
     } catch (error) {
       console.warn("stream timeline:", error);

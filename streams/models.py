@@ -68,6 +68,9 @@ class Segment(models.Model):
     slot = models.PositiveIntegerField()
     incident = models.OneToOneField(Incident, on_delete=models.PROTECT, related_name="+")
     start = models.DateTimeField(null=True, blank=True)  # the hour held; None: empty
+    # Requests stored in the slot, counted as they are written (a count(*) of a day of a busy
+    # stream would read hundreds of millions of rows); zero again when the slot is emptied.
+    events = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["stream", "slot"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.models import Count, Max, Min
+from django.db.models import F, Max, Min, Sum
 
 from incidents.models import Incident
 from timelines.ingest.store import write_rows
@@ -142,7 +142,9 @@ def _write_hour(segment: Segment, hour: datetime, rows: list[Row]) -> int | None
     """Rows of one hour into its slot: how many were new; -1 when the slot holds a later hour
     (the rows are too old for the ring); None when it holds an earlier one or none."""
     with transaction.atomic():
-        lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
+        # KEY SHARE: writers of a slot do not wait for each other (the count's update below
+        # waits only for another's commit), but do for the slot's taking (FOR UPDATE).
+        lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT start FROM {Segment._meta.db_table} WHERE id = %s{lock}",
                            [segment.pk])
@@ -155,6 +157,8 @@ def _write_hour(segment: Segment, hour: datetime, rows: list[Row]) -> int | None
         # before it left open (RequestReceived), so the COPY would fail on them and be redone
         # as a merge.
         new = write_rows(segment.incident_id, None, rows, optimistic=False)
+        if new:  # last: the row stays locked from here to the commit
+            Segment.objects.filter(pk=segment.pk).update(events=F("events") + new)
         if connection.vendor == "postgresql":
             # The writer turns synchronous_commit off for files (an ingest can be re-run); an
             # acknowledged batch cannot: the apiserver has dropped it.
@@ -172,7 +176,7 @@ def _take_slot(segment: Segment, hour: datetime) -> None:
             return
         if current.start is not None:
             _truncate(current)
-        Segment.objects.filter(pk=segment.pk).update(start=hour)
+        Segment.objects.filter(pk=segment.pk).update(start=hour, events=0)
 
 
 def _aware(value):
@@ -200,7 +204,7 @@ def empty_segment(segment: Segment) -> None:
         if current.start is None:
             return
         _truncate(current)
-        Segment.objects.filter(pk=segment.pk).update(start=None)
+        Segment.objects.filter(pk=segment.pk).update(start=None, events=0)
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -215,9 +219,10 @@ def events(stream: Stream):
 
 
 def summary(stream: Stream) -> dict:
-    """``events``, ``oldest`` and ``newest`` (received) of the stream."""
-    found = events(stream).aggregate(events=Count("id"), oldest=Min("received"),
-                                     newest=Max("received"))
+    """``events`` (the slots' counts), ``oldest`` and ``newest`` (received; each a walk down
+    one index per slot) of the stream."""
+    found = events(stream).aggregate(oldest=Min("received"), newest=Max("received"))
+    found["events"] = stream.segments.aggregate(total=Sum("events"))["total"] or 0
     return found
 
 

@@ -157,13 +157,13 @@ def _write_hour(segment: Segment, hour: datetime, rows: list[Row]) -> int | None
         # before it left open (RequestReceived), so the COPY would fail on them and be redone
         # as a merge.
         new = write_rows(segment.incident_id, None, rows, optimistic=False)
-        if new:  # last: the row stays locked from here to the commit
-            Segment.objects.filter(pk=segment.pk).update(events=F("events") + new)
         if connection.vendor == "postgresql":
             # The writer turns synchronous_commit off for files (an ingest can be re-run); an
             # acknowledged batch cannot: the apiserver has dropped it.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit = on")
+        if new:  # last: the slot's row stays locked from here to the commit
+            Segment.objects.filter(pk=segment.pk).update(events=F("events") + new)
         return new
 
 

@@ -1,5 +1,6 @@
 """Who may see and manage a stream: members of its team see it, its editors and admins manage it
-(create, cut incidents), superusers everything. Anything else answers 404."""
+(create, cut incidents), its admins delete it, superusers do everything. Anything else answers
+404."""
 
 from __future__ import annotations
 
@@ -35,3 +36,12 @@ def can_manage(user, stream: Stream) -> bool:
         return True
     return Membership.objects.filter(team_id=stream.team_id, user=user,
                                      role__in=WRITE_ROLES).exists()
+
+
+def can_administer(user, stream: Stream) -> bool:
+    if not is_person(user):
+        return False
+    if user.is_superuser:
+        return True
+    return Membership.objects.filter(team_id=stream.team_id, user=user,
+                                     role=Membership.Role.ADMIN).exists()

@@ -32,7 +32,7 @@ from timelines.queries import _SPAN_FIELDS as SPAN_FIELDS
 from timelines.serializers import LIST_COLUMNS, EventSerializer, event_rows
 
 from . import store
-from .access import can_manage, get_visible_stream, visible_streams
+from .access import can_administer, can_manage, get_visible_stream, visible_streams
 from .cut import cut_incident
 from .kubeconfig import apiserver_flags, kubeconfig
 from .models import Stream
@@ -124,10 +124,12 @@ def _created(request, stream: Stream, token: str, context) -> dict:
     return answer
 
 
-class StreamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class StreamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                    viewsets.GenericViewSet):
     """Streams of your teams. ``POST`` makes one (editors and admins of its team) and answers
     201 with the stream, its ``token`` (shown only here), the ``kubeconfig`` for
-    ``--audit-webhook-config-file`` and the ``apiserver_flags`` to add."""
+    ``--audit-webhook-config-file`` and the ``apiserver_flags`` to add. ``DELETE`` (admins of
+    its team) drops it with its events; incidents cut from it stay."""
 
     serializer_class = StreamSerializer
 
@@ -165,6 +167,11 @@ class StreamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
             raise ValidationError({"name": "the team has a stream of that name"}) from None
         return Response(_created(request, stream, token, self.get_serializer_context()),
                         status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, stream):
+        if not can_administer(self.request.user, stream):
+            raise PermissionDenied("Only admins of the stream's team may delete it.")
+        store.delete_stream(stream)
 
     @extend_schema(request=None, responses=KubeconfigSerializer)
     @action(detail=True, methods=["get", "post"], url_path="kubeconfig")

@@ -155,3 +155,29 @@ def test_the_kubeconfig_url_gives_a_new_token_that_replaces_the_old(stream_of, p
     new = yaml.safe_load(made["kubeconfig"])["users"][0]["user"]["token"]
     assert post_batch(stream.pk, body, old).status_code == 401
     assert post_batch(stream.pk, body, new).status_code == 200
+
+
+def test_an_admin_deletes_a_stream_with_its_events_and_cut_incidents_stay(
+        fed, api_as, owner, team, demo_log):
+    from django.db import connection
+
+    from incidents.models import Incident, Membership
+    from streams.models import Segment
+
+    rows = expected_rows(demo_log)
+    cut = api_as(owner).post(f"/api/v1/streams/{fed.pk}/incidents/", {
+        "since": min(r.received for r in rows).isoformat(),
+        "until": max(r.received for r in rows).isoformat(), "title": "kept"}, format="json")
+    assert cut.status_code == 201
+    slots = list(fed.segments.values_list("incident_id", flat=True))
+    assert api_as(owner).delete(f"/api/v1/streams/{fed.pk}/").status_code == 403  # an editor
+    Membership.objects.filter(user=owner, team=team).update(role="admin")
+    assert api_as(owner).delete(f"/api/v1/streams/{fed.pk}/").status_code == 204
+    assert not Stream.objects.filter(pk=fed.pk).exists()
+    assert not Segment.objects.filter(incident_id__in=slots).exists()
+    assert not Incident.objects.filter(pk__in=slots).exists()
+    assert not Event.objects.filter(incident_id__in=slots).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [store.stream_table(fed.pk)])
+        assert cursor.fetchone()[0] is None
+    assert Event.objects.filter(incident_id=cut.json()["id"]).count() == len(rows)

@@ -37,6 +37,22 @@ def remove_work_dir(upload: Upload) -> None:
     shutil.rmtree(work_dir(upload), ignore_errors=True)
 
 
+def free_files(upload: Upload) -> dict:
+    """Remove what Hindsight keeps on disk for ``upload``: a top-level upload's bundle work
+    directory (also of one that failed before it was known as a bundle) and Hindsight's own copy
+    of its file, which may hold secrets. Returns the row's fields that say the copy is gone.
+
+    Every path that ends an upload calls this *before* it writes the outcome, so that an upload
+    reported finished never still occupies the disk (the handles of the unpacked members and of
+    the writer are closed by then: each is opened in a ``with`` of the code that raised)."""
+    if upload.parent_id is None:
+        remove_work_dir(upload)
+    if upload.path_is_copy and upload.path:
+        Path(upload.path).unlink(missing_ok=True)
+        return {"path": ""}
+    return {}
+
+
 def unpack_upload(upload: Upload) -> list[int]:
     """Unpack a bundle upload into child uploads; returns the ids of those still to ingest.
 
@@ -111,17 +127,17 @@ def finish_bundle(bundle_id: int, *, file_finished: bool = True) -> bool:
         message = f"{failed} of {files.count()} files failed"
     if not usable:
         message = message or "no file in the bundle holds evidence Hindsight reads"
+    bundle = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).first()
+    if bundle is None:
+        return False
+    # Its files are all finished: nobody reads the work directory any more. Freed first, so
+    # that the bundle is never reported finished while it still occupies the disk.
+    freed = free_files(bundle)
     closed = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).update(
         status=Upload.Status.DONE if usable else Upload.Status.FAILED,
         message=message, errors=errors, finished_at=timezone.now(), heartbeat_at=timezone.now(),
-        **{k: v or 0 for k, v in totals.items()},
+        **freed, **{k: v or 0 for k, v in totals.items()},
     )
-    if closed:
-        bundle = Upload.objects.get(pk=bundle_id)
-        remove_work_dir(bundle)
-        if bundle.path_is_copy and bundle.path:
-            Path(bundle.path).unlink(missing_ok=True)
-            Upload.objects.filter(pk=bundle_id).update(path="")
     return bool(closed)
 
 

@@ -131,28 +131,7 @@ def requeue_lost_purges() -> int:
     """Queue again the purges of deleted incidents still listed ``purge.LOST_AFTER`` after they
     were queued (a lost message, a dead worker, retries exhausted); returns how many. Reads only
     the few rows of ``IncidentPurge``."""
-    return purge.requeue_lost(enqueue_purge)
-
-
-def enqueue_purge(incident_id: int) -> None:
-    """Purge a deleted incident's evidence once the current transaction commits: on a Celery
-    worker when a broker is configured, else in a thread of this process."""
-    if settings.CELERY_BROKER_URL:
-        purge_incident_task.delay_on_commit(incident_id)
-        return
-    transaction.on_commit(lambda: _start_purge_thread(incident_id))
-
-
-def _start_purge_thread(incident_id: int) -> None:
-    def run() -> None:
-        try:
-            purge.purge_incident(incident_id)
-        except Exception:  # the IncidentPurge row stays: requeue_lost_purges runs it again
-            log.exception("purge of incident %s failed", incident_id)
-        finally:
-            connection.close()
-
-    threading.Thread(target=run, name=f"purge-{incident_id}", daemon=True).start()
+    return purge.requeue_lost(purge.enqueue_purge)
 
 
 def enqueue_ingest(upload_id: int) -> None:

@@ -269,3 +269,23 @@ def test_a_real_bundle_has_no_failed_file_and_its_objects_become_state(name):
     state = Event.objects.filter(kind="state")
     assert state.filter(reason="Snapshot").exists()
     assert not Upload.objects.filter(status=Upload.Status.FAILED).exists()
+
+
+def test_kindless_objects_of_the_raw_api_are_named_by_their_self_link(tmp_path):
+    with tarfile.open(BUNDLES / "sonobuoy-results-0.10.tar.gz") as tar:
+        names = [m.name for m in tar.getmembers() if m.isfile() and "/resources/" in
+                 f"/{m.name}" and m.name.endswith(("Nodes.json", "CertificateSigningRequests.json",
+                                                   "ReplicaSets.json"))]
+        files = {name: tar.extractfile(name).read() for name in names}
+    assert len(files) >= 3
+    for name, data in files.items():
+        path = tmp_path / name.rsplit("/", 1)[-1]
+        path.write_bytes(data)
+        objects = json.loads(data)
+        rows, _ = read(path, datetime(2018, 1, 1, tzinfo=UTC))
+        snapshots = [r for r in rows if r.reason == "Snapshot"]
+        assert {(r.name, r.object_uid) for r in snapshots} == {
+            (o["metadata"]["name"], o["metadata"]["uid"]) for o in objects}
+        # /api/v1/nodes/x → nodes of v1; /apis/apps/v1beta2/…/replicasets/x → replicasets
+        links = {o["metadata"]["selfLink"].split("/")[-2] for o in objects}
+        assert {r.resource for r in rows} == links

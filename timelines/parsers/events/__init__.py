@@ -167,6 +167,8 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
 
 _OBJECT_START = re.compile(rb"\A(?:\s*(?:#[^\n]*)?\n)*(?:[ \t]*[{\[]|---|[A-Za-z][\w.-]*:)")
 _AUDIT_ID = re.compile(rb'"auditID"\s*:')
+_KINDLESS = re.compile(rb'\s*\[?\s*\{\s*"metadata"\s*:\s*\{')
+_SELF_LINK = re.compile(rb'"selfLink"\s*:\s*"/apis?/')
 _FIRST_API_VERSION = re.compile(
     rb'"apiVersion"\s*:\s*"([^"]*)"|^[ \t-]*apiVersion:[ \t]*["\']?([^\s"\']*)', re.MULTILINE)
 _OBJECT_KEYS = tuple(re.compile(_key(name), re.MULTILINE)
@@ -181,6 +183,8 @@ def sniff_objects(head: bytes, name: str = "") -> bool:
     text = head.removeprefix(BOM)
     if not _OBJECT_START.match(text) or _AUDIT_ID.search(text):
         return False
+    if _KINDLESS.match(text) and _SELF_LINK.search(text):
+        return True  # the raw API's objects (sonobuoy's resources/): the selfLink names them
     # Only the first apiVersion says what the file is: ConfigMaps quote audit policies.
     first = _FIRST_API_VERSION.search(text)
     if first is None or (first[1] or first[2]).startswith((b"audit.k8s.io/", b"admission.k8s.io/")):

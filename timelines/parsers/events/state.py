@@ -93,6 +93,8 @@ def kindless(value: dict[str, Any]) -> dict[str, Any] | None:
         if len(rest) >= 4 and rest[0] == "namespaces":
             rest = rest[2:]
         if len(rest) >= 2:
+            # A kind this table does not know keeps its resource name, which is what rows
+            # carry (``_resource`` leaves a plural alone).
             return {"kind": KINDS.get(rest[0], rest[0]), "apiVersion": version, **value}
     spec = value.get("spec")
     if isinstance(spec, dict) and isinstance(spec.get("containers"), list):
@@ -180,7 +182,7 @@ class StateBuilder:
     def _facts(self, obj: dict[str, Any]) -> Iterable[_Fact]:
         meta = obj["metadata"]
         kind = obj["kind"]
-        resource = _plural(kind)
+        resource = _resource(kind)
         status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
         if (when := self._time(meta, "creationTimestamp")) is not None:
             yield _Fact("Created", when)
@@ -269,7 +271,7 @@ class StateBuilder:
         meta = obj["metadata"]
         kind = obj["kind"]
         api_group, _, api_version = obj["apiVersion"].rpartition("/")
-        resource = _plural(kind)
+        resource = _resource(kind)
         namespace = _str(meta.get("namespace"))
         name = _str(meta.get("name"))
         uid = _str(meta.get("uid"))
@@ -341,6 +343,12 @@ class _Fact:
         self.message = message
         self.annotations = annotations or {}
         self.detail = detail
+
+
+def _resource(kind: str) -> str:
+    """The plural resource of a kind; a kind-less object named by its selfLink's resource (lower
+    case already, see ``kindless``) keeps it."""
+    return kind if kind.islower() else _plural(kind)
 
 
 def _identity(obj: dict[str, Any], meta: dict[str, Any]) -> str:

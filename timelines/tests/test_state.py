@@ -289,3 +289,17 @@ def test_kindless_objects_of_the_raw_api_are_named_by_their_self_link(tmp_path):
         # /api/v1/nodes/x → nodes of v1; /apis/apps/v1beta2/…/replicasets/x → replicasets
         links = {o["metadata"]["selfLink"].split("/")[-2] for o in objects}
         assert {r.resource for r in rows} == links
+
+
+def test_a_snapshot_is_a_version_of_its_object_and_a_time_point_is_not(gather, collected):
+    from timelines.diff import NoVersion, diff, object_version
+
+    path = next(p for n, p in gather.items() if n.endswith("/clusteroperators.yaml"))
+    rows, _ = read(path, collected)
+    snapshots = [r for r in rows if r.reason == "Snapshot"]
+    first, second = (object_version(json.loads(r.raw)) for r in snapshots[:2])
+    assert first["metadata"]["name"] == snapshots[0].name
+    changes, _ = diff(first, second)
+    assert any(change["path"] == "metadata.name" for change in changes)
+    with pytest.raises(NoVersion):
+        object_version(json.loads(next(r for r in rows if r.reason == "Created").raw))

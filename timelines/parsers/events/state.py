@@ -286,9 +286,12 @@ class StateBuilder:
         base = dict(kind="state", resource=resource, namespace=namespace, name=name,
                     api_group=api_group, api_version=api_version, object_uid=uid,
                     resource_version=version, node=node, source=self.report.source, line=line)
+        snapshot = {"capture": stamp}
+        if related := relations(obj, resource, namespace):
+            snapshot["related"] = related
         rows = [Row(audit_id=_key(identity, "Snapshot", "", stamp), received=capture,
                     completed=capture, duration_ms=0.0, reason="Snapshot", severity="Normal",
-                    message=_str(status.get("phase")), annotations={"capture": stamp},
+                    message=_str(status.get("phase")), annotations=snapshot,
                     raw=raw, **base)]
         self.report.redacted += redacted
         for fact in found:
@@ -303,9 +306,11 @@ class StateBuilder:
                 reason=fact.reason, severity=fact.severity, message=fact.message,
                 component=fact.container, code=fact.code, count=fact.count,
                 annotations=annotations,
-                raw=_dumps({"kind": kind, "apiVersion": obj["apiVersion"],
-                            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-                            "reason": fact.reason, "fact": fact.detail}),
+                # Not shaped as an object (no top-level metadata): only a snapshot is a
+                # version of the object to diff (``timelines.diff.object_version``).
+                raw=_dumps({"object": {"kind": kind, "apiVersion": obj["apiVersion"],
+                                       "namespace": namespace, "name": name, "uid": uid},
+                            "reason": fact.reason, "capture": stamp, "fact": fact.detail}),
                 **base))
         return rows
 
@@ -343,6 +348,65 @@ class _Fact:
         self.message = message
         self.annotations = annotations or {}
         self.detail = detail
+
+
+# Kinds whose objects have no namespace, for owner references (which name none).
+CLUSTER_SCOPED = frozenset(("Node", "Namespace", "PersistentVolume", "ClusterRole",
+                            "ClusterRoleBinding", "CustomResourceDefinition", "StorageClass",
+                            "ClusterOperator", "ClusterVersion", "MachineConfigPool",
+                            "MachineConfig", "APIService", "PriorityClass"))
+
+
+def relations(obj: dict[str, Any], resource: str, namespace: str) -> list[list[str]]:
+    """What an object names of other objects, as ``[relation, resource, namespace, name]``:
+    ``owner`` (its ownerReferences), ``node`` (a pod's node), ``claim`` (a pod's
+    PersistentVolumeClaims, a PersistentVolume's claimRef), ``volume`` (a claim's bound volume),
+    ``service`` (the Service of Endpoints or an EndpointSlice), ``pod`` (the pods Endpoints and
+    EndpointSlices point at). Read by ``timelines.related``, which adds the inverse."""
+    found: list[list[str]] = []
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+
+    def add(relation: str, kind_or_resource: str, ns: str, name: Any) -> None:
+        if isinstance(name, str) and name:
+            entry = [relation, kind_or_resource, ns, name]
+            if entry not in found:
+                found.append(entry)
+
+    for owner in meta.get("ownerReferences") or []:
+        if isinstance(owner, dict) and isinstance(owner.get("kind"), str):
+            kind = owner["kind"]
+            add("owner", _plural(kind), "" if kind in CLUSTER_SCOPED else namespace,
+                owner.get("name"))
+    if resource == "pods":
+        add("node", "nodes", "", spec.get("nodeName"))
+        for volume in spec.get("volumes") or []:
+            claim = volume.get("persistentVolumeClaim") if isinstance(volume, dict) else None
+            if isinstance(claim, dict):
+                add("claim", "persistentvolumeclaims", namespace, claim.get("claimName"))
+    elif resource == "persistentvolumeclaims":
+        add("volume", "persistentvolumes", "", spec.get("volumeName"))
+    elif resource == "persistentvolumes":
+        ref = spec.get("claimRef")
+        if isinstance(ref, dict):
+            add("claim", "persistentvolumeclaims", _str(ref.get("namespace")), ref.get("name"))
+    elif resource == "endpoints":
+        add("service", "services", namespace, meta.get("name"))
+        for subset in obj.get("subsets") or []:
+            for key in ("addresses", "notReadyAddresses"):
+                for address in (subset.get(key) or []) if isinstance(subset, dict) else []:
+                    ref = address.get("targetRef") if isinstance(address, dict) else None
+                    if isinstance(ref, dict) and ref.get("kind") == "Pod":
+                        add("pod", "pods", _str(ref.get("namespace")) or namespace,
+                            ref.get("name"))
+    elif resource == "endpointslices":
+        labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+        add("service", "services", namespace, labels.get("kubernetes.io/service-name"))
+        for endpoint in obj.get("endpoints") or []:
+            ref = endpoint.get("targetRef") if isinstance(endpoint, dict) else None
+            if isinstance(ref, dict) and ref.get("kind") == "Pod":
+                add("pod", "pods", _str(ref.get("namespace")) or namespace, ref.get("name"))
+    return found
 
 
 def _resource(kind: str) -> str:

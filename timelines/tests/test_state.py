@@ -303,3 +303,32 @@ def test_a_snapshot_is_a_version_of_its_object_and_a_time_point_is_not(gather, c
     assert any(change["path"] == "metadata.name" for change in changes)
     with pytest.raises(NoVersion):
         object_version(json.loads(next(r for r in rows if r.reason == "Created").raw))
+
+
+@pytest.mark.django_db
+def test_pod_phases_come_from_snapshots_where_events_and_audit_are_silent(gather, incident,
+                                                                           ingest_file, api):
+    path = next(p for n, p in gather.items()
+                if n.endswith("openshift-ingress-operator/core/pods.yaml"))
+    assert ingest_file(incident, path).status == "done"
+
+    answer = api(f"/api/v1/incidents/{incident.pk}/pods/")
+
+    assert answer.status_code == 200, answer.content
+    found = {pod["name"]: pod for pod in answer.json()}
+    pods = items(path)
+    assert pods and set(found) == {pod["metadata"]["name"] for pod in pods}
+    for pod in pods:
+        got = found[pod["metadata"]["name"]]
+        status = pod["status"]
+        when = {c["type"]: to_utc(c["lastTransitionTime"]) for c in status["conditions"]
+                if c["status"] == "True"}
+        starts = [to_utc(state[phase]["startedAt"]) for c in status["containerStatuses"]
+                  for state in (c.get("state") or {}, c.get("lastState") or {})
+                  for phase in ("running", "terminated") if phase in state]
+        assert (got["uid"], got["node"]) == (pod["metadata"]["uid"], pod["spec"]["nodeName"])
+        assert to_utc(got["created"]) == to_utc(pod["metadata"]["creationTimestamp"])
+        assert to_utc(got["scheduled"]) == when["PodScheduled"]
+        assert to_utc(got["ready"]) == when["Ready"]
+        assert to_utc(got["started"]) == min(starts)
+        assert got["restarts"] == max(c["restartCount"] for c in status["containerStatuses"])

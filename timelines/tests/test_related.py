@@ -158,3 +158,30 @@ def test_the_deadlock_story_is_one_selection(tmp_path, incident, ingest_file, ap
     assert api(f"/api/v1/incidents/{incident.pk}/events/",
                {"related": "a/b/c/d"}).status_code == 400
     assert Event.objects.filter(incident=incident, kind="state", name="unrelated").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_event_detail_lists_related_objects_and_selects_them(open_page, owner, incident,
+                                                                 ingest_file, tmp_path):
+    from hindsight.testing import wait_for_detail
+
+    path = tmp_path / "story.yaml"
+    path.write_text(STORY)
+    assert ingest_file(incident, path).status == "done"
+    pod = Event.objects.get(incident=incident, reason="Snapshot", name="orders-db-0")
+    page = open_page(owner, f"/incidents/{incident.pk}/?event={pod.pk}")
+    wait_for_detail(page, pod.pk)
+
+    page.wait_for_selector("#related-list li")
+    listed = page.eval_on_selector_all(
+        "#related-list li", "items => items.map(i => [i.dataset.relation, i.textContent])")
+    assert listed == [["owner", "owner: statefulsets/shop/orders-db"],
+                      ["owner", "owner: instances/shop/orders"],
+                      ["node", "node: nodes/worker-1"],
+                      ["claim", "claim: persistentvolumeclaims/shop/data-orders-db-0"],
+                      ["volume", "volume: persistentvolumes/pvc-c-1"]]
+    assert "related=pods%2Fshop%2Forders-db-0" in page.get_attribute("#link-related", "href")
+    # the snapshot is a version of the pod in the versions table
+    page.wait_for_selector("#versions-table tbody tr")
+    assert page.eval_on_selector_all("#versions-table tbody tr",
+                                     "rows => rows.map(r => Number(r.dataset.event))") == [pod.pk]

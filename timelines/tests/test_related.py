@@ -185,3 +185,34 @@ def test_the_event_detail_lists_related_objects_and_selects_them(open_page, owne
     page.wait_for_selector("#versions-table tbody tr")
     assert page.eval_on_selector_all("#versions-table tbody tr",
                                      "rows => rows.map(r => Number(r.dataset.event))") == [pod.pk]
+
+
+def test_an_object_without_a_snapshot_is_related_by_its_audit_bodies(tmp_path, incident,
+                                                                     ingest_file, api):
+    import json
+
+    pod = {"kind": "Pod", "apiVersion": "v1", "metadata": {
+        "name": "web-0", "namespace": "shop", "uid": "u-web-0",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web"}]},
+        "spec": {"nodeName": "n1", "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}}]}}
+    event = {"kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "RequestResponse",
+             "auditID": "a-1", "stage": "ResponseComplete", "verb": "update",
+             "requestURI": "/api/v1/namespaces/shop/pods/web-0",
+             "user": {"username": "kubelet"},
+             "objectRef": {"resource": "pods", "namespace": "shop", "name": "web-0",
+                           "apiVersion": "v1"},
+             "responseStatus": {"code": 200}, "responseObject": pod,
+             "requestReceivedTimestamp": "2024-03-01T10:00:00.000000Z",
+             "stageTimestamp": "2024-03-01T10:00:00.004000Z"}
+    path = tmp_path / "audit.log"
+    path.write_text(json.dumps(event) + "\n")
+    assert ingest_file(incident, path).status == "done"
+
+    answer = related(api, incident, resource="pods", namespace="shop", name="web-0")
+
+    assert answer["object"]["uid"] == "u-web-0"
+    assert [(r["resource"], r["namespace"], r["name"], r["relation"])
+            for r in answer["related"]] == [
+        ("statefulsets", "shop", "web", "owner"), ("nodes", "", "n1", "node"),
+        ("persistentvolumeclaims", "shop", "data-web-0", "claim")]

@@ -2,8 +2,10 @@
 
 ``unpack_upload`` extracts the bundle safely (``ingest.unpacker``) into a work directory next to
 the uploads and makes a child ``Upload`` for every file: ``pending`` for files a parser may read
-(with the layout's hints: component, node, year), ``failed`` for entries refused as hostile or
-over a limit, ``skipped`` (set by the pipeline) for files that hold nothing we read. The children
+(with the layout's hints: component, node, year), ``skipped`` for links and device files (refused
+for safety: they hold no evidence of their own) and, set by the pipeline, for files that hold
+nothing we read, ``failed`` for entries that could not be read (a name escaping the bundle, a
+limit, a corrupt archive). The children
 are independent uploads, so several workers share a large bundle. ``finish_bundle`` closes the
 bundle when its last file has finished: counts summed, the first problems collected, the work
 directory removed.
@@ -27,6 +29,9 @@ from ..parsers.base import MAX_KEPT_ERRORS
 from .unpacker import Limits, unpack
 
 PROGRESS_SECONDS = 1.0
+# Refusals of entries that are not files of their own: a link points at another file (or outside
+# the bundle), a device has no content. Refused for safety, they lose no evidence: ``skipped``.
+SKIPPED_REFUSALS = frozenset(("symlink", "hardlink", "device file"))
 
 
 def work_dir(upload: Upload) -> Path:
@@ -75,7 +80,11 @@ def unpack_upload(upload: Upload) -> list[int]:
             uploaded_by_id=upload.uploaded_by_id, path_is_copy=True,
             bytes_total=member.size, hints=_hints(member.hints),
         )
-        if member.refused:
+        if member.refused in SKIPPED_REFUSALS:
+            child.status = Upload.Status.SKIPPED
+            child.message = f"{member.refused}, not extracted"
+            child.finished_at = timezone.now()
+        elif member.refused:
             child.status = Upload.Status.FAILED
             child.message = f"{member.name}: {member.refused}"
             child.errors = [child.message]

@@ -68,6 +68,14 @@ def test_the_events_list_takes_every_events_filter(fed, api_as, teammate, demo_l
                                          for r in rows)
     assert client.get(f"/api/v1/streams/{fed.pk}/events/",
                       {"since": "not a time"}).status_code == 400
+    # Every filter of the incident events list is taken (none answers an error).
+    from timelines.filters import EventFilterSet
+
+    odd = {"id": "1", "code": "403", "since": "2017-09-11T20:00:00Z",
+           "until": "2017-09-11T20:10:00Z", "related": "pods/default/x"}
+    for name in EventFilterSet.base_filters:
+        answer = client.get(f"/api/v1/streams/{fed.pk}/events/", {name: odd.get(name, "x")})
+        assert answer.status_code == 200, (name, answer.content[:300])
 
 
 def test_cutting_a_window_makes_an_incident_that_retention_never_touches(

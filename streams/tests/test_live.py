@@ -169,8 +169,9 @@ def test_nothing_is_lost_or_doubled_across_killed_workers_cut_connections_and_re
     def start_redis():
         # A Redis of this test's own (never the shared one), without persistence: a restart
         # comes back empty.
-        process = subprocess.Popen([redis_server, "--port", str(redis_port), "--save", "",
-                                    "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        process = subprocess.Popen([redis_server, "--port", str(redis_port), "--bind",
+                                    "127.0.0.1", "--save", "", "--appendonly", "no"],
+                                   stdout=subprocess.DEVNULL)
         time.sleep(0.2)
         return process
 

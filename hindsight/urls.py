@@ -13,6 +13,13 @@ from incidents.notes_api import (
     IncidentSequenceViewSet,
     SequenceViewSet,
 )
+from streams.api import (
+    StreamEventViewSet,
+    StreamIncidentViewSet,
+    StreamViewSet,
+    stream_figure,
+)
+from streams.receiver import receive_audit
 from timelines.analysis import (
     compare_views,
     history_views,
@@ -44,6 +51,10 @@ router.register(r"incidents/(?P<incident_pk>\d+)/sequences", IncidentSequenceVie
                 basename="incident-sequence")
 # sequences/{id}/export.md and export.json come from the router's format suffixes
 router.register("sequences", SequenceViewSet, basename="sequence")
+router.register("streams", StreamViewSet, basename="stream")
+router.register(r"streams/(?P<stream_pk>\d+)/events", StreamEventViewSet, basename="stream-event")
+router.register(r"streams/(?P<stream_pk>\d+)/incidents", StreamIncidentViewSet,
+                basename="stream-incident")
 
 
 def healthz(request):
@@ -87,6 +98,10 @@ urlpatterns = [
          name="incident-events-json"),
     path("api/v1/incidents/<int:incident_pk>/events/step/", incident_event_step,
          name="incident-event-step"),
+    # kube-apiserver's audit webhook (a plain view: no session, no DRF, its own token)
+    path("api/v1/streams/<int:stream_pk>/audit/", receive_audit, name="stream-audit"),
+    path("api/v1/streams/<int:stream_pk>/figure/", stream_figure, name="stream-figure"),
+    path("streams/", include("streams.urls")),
     path("api/v1/", include((router.urls, "api"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -344,8 +344,10 @@ def log_insights(rows: list[dict], problems: Problems, capture: datetime | None)
         shape = next((what for what, pattern in SPECIAL_LOGS if pattern.search(message)), None)
         if shape is not None:
             special.add((row["component"], shape))
-        else:
+        elif row["severity"] in ("error", "fatal"):
             shape = message_shape(message)
+        else:
+            continue  # SQLite's LIKE ignores case: a line that only looked special
         groups[(row["component"], shape)].append(row)
     ranked = sorted(((key, items) for key, items in groups.items()
                      if key in special or len(items) >= LOG_ERRORS_MIN),

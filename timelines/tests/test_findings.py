@@ -219,6 +219,7 @@ def test_must_gather_etcd_logs_give_their_slow_requests_as_one_finding(must_gath
     assert item["filters"] == {"kind": ["log"], "component": ["etcd"]}
 
 
+@pytest.mark.embedded  # the demo's findings are computed on SQLite
 @pytest.mark.parametrize(("bundle", "kinds"), [
     (TROUBLESHOOT, {"probe-failure"}), (SONOBUOY, {"probe-failure", "unschedulable"})],
     ids=["troubleshoot", "sonobuoy"])
@@ -334,6 +335,7 @@ def states(incident) -> dict[str, Event]:
     return rows
 
 
+@pytest.mark.embedded
 def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     found = insights.compute(incident.pk)
     kinds = Counter(i["kind"] for i in found)

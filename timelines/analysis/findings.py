@@ -126,6 +126,7 @@ class Problem:
     facts: list[dict] = field(default_factory=list)  # terminations, conditions…
     sources: set[str] = field(default_factory=set)  # event, log, state
     notes: list[str] = field(default_factory=list)
+    containers: dict[tuple[str, str], None] = field(default_factory=dict)  # (pod, container)
 
     def add(self, row: dict, *, count: int = 1, reason: str = "", severity: str = "") -> None:
         self.objects[(row["resource"], row["namespace"], row["name"])] = None
@@ -190,7 +191,8 @@ def age_text(capture: datetime | None, end: datetime | None) -> str:
 # --- Kubernetes Events ---------------------------------------------------------------------------
 
 _EVENT_FIELDS = ("id", "kind", "received", "completed", "reason", "message", "resource",
-                 "namespace", "name", "count", "severity", "node", "component")
+                 "namespace", "name", "count", "severity", "node", "component", "annotations")
+_CONTAINER_PATH = re.compile(r"spec\.(?:initContainers|containers)\{([^}]+)\}")
 
 
 def event_rows(events: QuerySet) -> list[dict]:
@@ -224,6 +226,9 @@ def add_events(problems: Problems, rows: Iterable[dict]) -> None:
         problem = problems.of(kind, row["resource"], row["namespace"], row["name"])
         problem.add(row, count=row["count"] or 1, reason=row["reason"],
                     severity=SEVERITY_OF.get(kind, "warning"))
+        container = _CONTAINER_PATH.search((row["annotations"] or {}).get("fieldPath", ""))
+        if container and kind in ("container-restarts", "oom-kill"):
+            problem.containers[(row["name"], container.group(1))] = None
 
 
 def repeated_rows(events: QuerySet) -> list[dict]:

@@ -19,7 +19,7 @@ from django.db.models import Q, QuerySet
 from incidents.notes import format_time
 
 from .findings import LOG_SLACK, MAX_LISTED, Problems
-from .insights import MAX_BODIES, insight, read_bodies, rfc3339
+from .insights import MAX_BODIES, insight, plural, read_bodies, rfc3339
 
 WORKLOADS = ("deployments", "statefulsets", "daemonsets", "replicasets")
 # node conditions of the kubelet: the status that is trouble, and how bad
@@ -247,7 +247,8 @@ def _replica_counts(resource: str, obj: dict) -> tuple[int | None, int]:
 
 def link_logs(events: QuerySet, problems: Problems) -> None:
     """To each container termination (at most MAX_LISTED in all), the log lines of that
-    container within LOG_SLACK of its end (the container's log file in the bundle)."""
+    container within LOG_SLACK of its end (the container's log file in the bundle); to a
+    restart known from BackOff Events only, the container's error lines around it."""
     budget = MAX_LISTED
     for problem in problems.values():
         if problem.kind not in ("container-restarts", "oom-kill"):
@@ -268,4 +269,23 @@ def link_logs(events: QuerySet, problems: Problems) -> None:
             problem.ids += [(when, i) for i, when in ids]
             if ids:
                 problem.sources.add("log")
+        if problem.facts or not problem.containers or problem.start is None:
+            continue
+        # known from Events only (BackOff of a container): the container's error lines in the
+        # span of its restarts
+        lines = 0
+        for pod, container in list(problem.containers)[:3]:
+            if budget <= 0:
+                return
+            budget -= 1
+            ids = list(events.filter(
+                kind="log", severity__in=("error", "fatal", ""),
+                received__gte=problem.start - LOG_SLACK, received__lte=problem.end + LOG_SLACK,
+                source__contains=f"/{pod}/{container}/").order_by("received", "id").values_list(
+                "id", "received")[:20])
+            problem.ids += [(when, i) for i, when in ids]
+            lines += len(ids)
+        if lines:
+            problem.sources.add("log")
+            problem.notes.append(f"{plural(lines, 'error line')} of the container around it")
 

@@ -29,6 +29,7 @@ MUST_GATHER = _BUNDLES / "openshift-must-gather-aws.tar.xz"
 TROUBLESHOOT = _BUNDLES / "troubleshoot-supportbundle-baseline.tar.gz"
 SONOBUOY = _BUNDLES / "sonobuoy-results-0.10.tar.gz"
 ETCD_LOG = re.compile(r"/pods/etcd-ip-[^/]+/etcd/etcd/logs/current\.log$")
+INGRESS = "/namespaces/openshift-ingress-operator/"  # its operator restarted (BackOff Events)
 # the Event reasons of each kind of finding (a BackOff pulling an image is an image pull)
 REASONS = {"unschedulable": {"FailedScheduling"}, "mount-failure": {"FailedMount",
                                                                      "FailedAttachVolume"},
@@ -68,7 +69,8 @@ def must_gather_files() -> dict[str, bytes]:
             name = member.name
             if member.isfile() and (name.endswith(("/core/events.yaml", "/core/pods.yaml",
                                                    "/apps/replicasets.yaml", "/timestamp"))
-                                    or ETCD_LOG.search(name)):
+                                    or ETCD_LOG.search(name)
+                                    or (INGRESS in name and name.endswith(".log"))):
                 wanted[name] = archive.extractfile(member).read()
     return wanted
 
@@ -126,7 +128,7 @@ def deployments_of(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
 
 
 def test_must_gather_events_make_one_finding_per_problem_and_owner(must_gather_files, tmp_path):
-    files = {n: d for n, d in must_gather_files.items() if not ETCD_LOG.search(n)}
+    files = {n: d for n, d in must_gather_files.items() if not n.endswith(".log")}
     incident = ingest(make_bundle(tmp_path / "mg-events.tar.gz", files), "must-gather events")
     found = insights.compute(incident.pk)
     events = events_of(files)
@@ -219,7 +221,36 @@ def test_must_gather_etcd_logs_give_their_slow_requests_as_one_finding(must_gath
     assert item["filters"] == {"kind": ["log"], "component": ["etcd"]}
 
 
-@pytest.mark.embedded  # the demo's findings are computed on SQLite
+def test_a_restart_known_from_backoff_events_links_the_container_error_lines_around_it(
+        must_gather_files, tmp_path):
+    files = {n: d for n, d in must_gather_files.items() if INGRESS in n or n.endswith(
+        "/timestamp")}
+    backoffs = [e for e in events_of(files) if e.get("reason") == "BackOff"
+                and e["involvedObject"]["name"].startswith("ingress-operator-")]
+    assert backoffs
+    pod = backoffs[0]["involvedObject"]["name"]
+    container = re.search(r"\{(.+)\}", backoffs[0]["involvedObject"]["fieldPath"]).group(1)
+    start = min(times_of(e)[0] for e in backoffs) - findings.LOG_SLACK
+    end = max(times_of(e)[1] for e in backoffs) + findings.LOG_SLACK
+    # the container's own lines in that span that say an error (klog E, zap ERROR)
+    errors = [line for n, d in files.items() if f"/{pod}/{container}/" in n
+              for line in d.decode().splitlines()
+              if re.match(r"\S+ (E\d{4} |\S+\tERROR\t)", line)
+              and start <= datetime.strptime(line[:26], "%Y-%m-%dT%H:%M:%S.%f").replace(
+                  tzinfo=UTC) <= end]
+    assert errors
+    incident = ingest(make_bundle(tmp_path / "ingress.tar.gz", files), "ingress-operator")
+
+    (item,) = [i for i in of_kind(insights.compute(incident.pk), "container-restarts")
+               if i["owner"]["name"] == "ingress-operator"]
+    assert "log" in item["evidence"]
+    lines = Event.objects.filter(pk__in=item["events"], kind="log")
+    assert 0 < lines.count() <= 20
+    for line in lines:
+        assert f"/{pod}/{container}/" in line.source and start <= line.received <= end
+        assert line.severity in ("error", "fatal", "")
+
+
 @pytest.mark.parametrize(("bundle", "kinds"), [
     (TROUBLESHOOT, {"probe-failure"}), (SONOBUOY, {"probe-failure", "unschedulable"})],
     ids=["troubleshoot", "sonobuoy"])
@@ -247,6 +278,12 @@ def test_other_bundles_get_findings_for_their_warning_events(bundle, kinds):
         assert sum(i["count"] for i in made) == sum(e.get("count") or 1 for e in expected)
         assert sorted(o["name"] for i in made for o in i["objects"]) == sorted(
             {e["involvedObject"]["name"] for e in expected})
+
+
+@pytest.mark.embedded  # the demo computes its findings on SQLite
+def test_bundle_findings_are_the_same_on_sqlite():
+    test_other_bundles_get_findings_for_their_warning_events(
+        SONOBUOY, {"probe-failure", "unschedulable"})
 
 
 # --- state rows (the state-row contract) ---------------------------------------------------------
@@ -335,7 +372,6 @@ def states(incident) -> dict[str, Event]:
     return rows
 
 
-@pytest.mark.embedded
 def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     found = insights.compute(incident.pk)
     kinds = Counter(i["kind"] for i in found)

@@ -218,13 +218,30 @@ def event_kind(row: dict) -> str | None:
     return EVENT_KINDS.get(reason)
 
 
+# why an image pull failed, from the kubelet's message
+PULL_CAUSES = (("image not found", re.compile(r"manifest unknown|not found|does not exist", re.I)),
+               ("not authorized", re.compile(r"unauthorized|authentication required|denied|"
+                                             r"forbidden", re.I)),
+               ("rate limited", re.compile(r"toomanyrequests|rate limit", re.I)),
+               ("registry unreachable", re.compile(r"i/o timeout|deadline exceeded|connection "
+                                                   r"refused|no such host|TLS handshake", re.I)),
+               ("invalid image name", re.compile(r"InvalidImageName|invalid reference", re.I)))
+
+
+def pull_cause(message: str) -> str | None:
+    return next((cause for cause, pattern in PULL_CAUSES if pattern.search(message)), None)
+
+
 def add_events(problems: Problems, rows: Iterable[dict]) -> None:
     for row in rows:
         kind = event_kind(row)
         if kind is None:
             continue
         problem = problems.of(kind, row["resource"], row["namespace"], row["name"])
-        problem.add(row, count=row["count"] or 1, reason=row["reason"],
+        reason = row["reason"]
+        if kind == "image-pull":  # by cause where the message says it
+            reason = pull_cause(row["message"] or "") or reason
+        problem.add(row, count=row["count"] or 1, reason=reason,
                     severity=SEVERITY_OF.get(kind, "warning"))
         container = _CONTAINER_PATH.search((row["annotations"] or {}).get("fieldPath", ""))
         if container and kind in ("container-restarts", "oom-kill"):

@@ -360,6 +360,11 @@ def states(incident) -> dict[str, Event]:
                     received=t + timedelta(minutes=1), completed=t + timedelta(minutes=4),
                     resource="pods", namespace="shop", name=pod_a, reason="BackOff",
                     severity="Warning", count=4, message="Back-off restarting failed container")
+    pull = Event(incident=incident, kind="event", audit_id="event:p1", received=t,
+                 completed=t + timedelta(minutes=2), resource="pods", namespace="shop",
+                 name="cache-5f6d7c8b9d-z9x8w", reason="Failed", severity="Warning", count=3,
+                 message="Failed to pull image \"redis:9\": rpc error: code = NotFound desc = "
+                         "manifest unknown")
     drain = Event(incident=incident, kind="event", audit_id="event:d1", received=t,
                   completed=t, resource="nodes", name="n3", reason="NodeNotSchedulable",
                   severity="Normal", count=1, message="Node n3 status is now: NodeNotSchedulable")
@@ -367,8 +372,8 @@ def states(incident) -> dict[str, Event]:
                 received=t + timedelta(minutes=3, seconds=-2), severity="error",
                 component="app", message="fatal: cannot connect",
                 source=f"namespaces/shop/pods/{pod_a}/app/app/logs/previous.log")
-    Event.objects.bulk_create([*rows.values(), backoff, drain, log])
-    rows.update(backoff=backoff, drain=drain, log=log)
+    Event.objects.bulk_create([*rows.values(), backoff, pull, drain, log])
+    rows.update(backoff=backoff, pull=pull, drain=drain, log=log)
     return rows
 
 
@@ -407,6 +412,8 @@ def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     assert "Insufficient cpu" in pending["explanation"] and pending["age_s"] == 0
     assert pending["start"] == insights.rfc3339(states["pending"].received)
     assert of_kind(found, "stuck-terminating")[0]["objects"][0]["name"] == "old-1"
+    (pull,) = of_kind(found, "image-pull")  # by cause
+    assert pull["owner"]["name"] == "cache" and pull["reasons"] == {"image not found": 3}
 
     nodes = {i["objects"][0]["name"]: i for i in of_kind(found, "node-condition")}
     assert set(nodes) == {"n2", "n3"}  # n1 is Ready

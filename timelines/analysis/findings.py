@@ -438,7 +438,7 @@ def count_pods(objects: list[tuple[str, str, str]]) -> str:
 
 
 def problem_insights(problems: Problems, capture: datetime | None) -> list[dict]:
-    ranked = sorted(problems.values(), key=lambda p: (
+    ranked = sorted((p for p in problems.values() if p.start is not None), key=lambda p: (
         SEVERITIES_RANK[p.severity or "warning"], -p.count, p.owner))
     per_kind: Counter = Counter()
     found = []

@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 
 from incidents.notes import format_time
 
-from .findings import LOG_SLACK, MAX_LISTED, Problems
+from .findings import LOG_SLACK, MAX_LISTED, Problems, owner_of
 from .insights import MAX_BODIES, insight, plural, read_bodies, rfc3339
 
 WORKLOADS = ("deployments", "statefulsets", "daemonsets", "replicasets")
@@ -49,12 +49,17 @@ _FIELDS = ("id", "kind", "received", "completed", "reason", "message", "resource
 
 def state_rows(events: QuerySet) -> list[dict]:
     """The state rows that may show trouble: Warning ones, every condition of nodes,
-    ClusterOperators, workloads and pods' PodScheduled and Ready, ClusterVersion history."""
+    ClusterOperators, workloads and pods' PodScheduled and Ready, containers' terminations and
+    restarts, ClusterVersion history."""
     conditions = Q(reason__contains="=") & (
         Q(resource__in=("nodes", "clusteroperators", *WORKLOADS))
         | Q(resource="pods", reason__startswith="Ready=")
         | Q(resource="pods", reason__startswith="PodScheduled="))
-    return list(events.filter(Q(severity="Warning") | conditions | Q(reason="VersionUpdate"),
+    # every termination (a regular container that ended well and was started again restarted
+    # all the same) and every container started again (restartCount above 0)
+    containers = Q(reason="ContainerTerminated") | Q(reason="ContainerStarted", count__gt=0)
+    return list(events.filter(Q(severity="Warning") | conditions | containers
+                              | Q(reason="VersionUpdate"),
                               kind="state").order_by("received", "id").values(*_FIELDS))
 
 
@@ -69,18 +74,23 @@ def add_states(events: QuerySet, problems: Problems, capture: datetime | None) -
     rows = state_rows(events)
     latest: dict[tuple, dict] = {}  # (resource, namespace, name, condition type) → latest row
     restarts: dict[tuple, int] = {}
+    terminated = {(r["namespace"], r["name"], r["component"]) for r in rows
+                  if r["reason"] == "ContainerTerminated"}
     for row in rows:
         reason = row["reason"]
         extra = row["annotations"] or {}
         pod = (row["resource"], row["namespace"], row["name"])
-        if reason == "ContainerTerminated" and row["severity"] == "Warning":
+        bad = row["severity"] == "Warning"
+        if reason == "ContainerTerminated" and (bad or (extra.get("last")
+                                                        and not extra.get("init"))):
             oom = "OOMKilled" in (row["message"] or "")
             kind = "oom-kill" if oom else "container-restarts"
             problem = problems.of(kind, *pod)
             cause = (row["message"] or "").partition(": ")[2] or "terminated"
+            # a clean exit (Completed, 0) before a restart is worth knowing, not a crash
             problem.add({**row, "completed": row["completed"] or row["received"]},
                         reason=cause.split(" exit code")[0],
-                        severity="critical" if oom else "warning")
+                        severity="critical" if oom else "warning" if bad else "info")
             problem.facts.append({
                 "pod": row["name"], "container": row["component"],
                 "init": bool(extra.get("init")), "last": bool(extra.get("last")),
@@ -91,6 +101,13 @@ def add_states(events: QuerySet, problems: Problems, capture: datetime | None) -
             if row["count"] is not None:
                 key = (kind, *pod, row["component"])
                 restarts[key] = max(restarts.get(key, 0), row["count"])
+        elif reason == "ContainerStarted" and (row["count"] or 0) > 0:
+            key = ("container-restarts", *pod, row["component"])
+            restarts[key] = max(restarts.get(key, 0), row["count"])
+            if (row["namespace"], row["name"], row["component"]) not in terminated:
+                # restarted, its last termination not in the evidence: the start says
+                problems.of("container-restarts", *pod).add(row, reason="restarted",
+                                                            severity="info")
         elif reason == "ContainerWaiting" and row["severity"] == "Warning":
             waiting = (row["message"] or "").partition(": ")[2]
             kind = WAITING_KINDS.get(waiting, "stuck-pending")
@@ -106,9 +123,9 @@ def add_states(events: QuerySet, problems: Problems, capture: datetime | None) -
         elif _condition(row) is not None:
             latest[(*pod, _condition(row)[0])] = row
     for (kind, resource, namespace, name, container), n in restarts.items():
-        if n:
-            problems.of(kind, resource, namespace, name).notes.append(
-                f"{container} in {name} restarted {n} times")
+        key = (kind, owner_of(resource, namespace, name))
+        if n and key in problems:
+            problems[key].notes.append(f"{container} in {name} restarted {n} times")
     healthy = {(r, n, x) for (r, n, x, c), row in latest.items()
                if r == "pods" and c == "Ready" and row["reason"] == "Ready=True"}
     for problem in problems.values():

@@ -323,6 +323,21 @@ def states(incident) -> dict[str, Event]:
                      annotations={"container": "app", "last": True}),
         "done": state(incident, 3, "ContainerTerminated", "pods", "job-x-abc12", t,
                       component="main", code=0, message="main: Completed exit code 0"),
+        # an init container that ended well: no restart; an operator that exited cleanly and
+        # was started again twice: a restart all the same, as information
+        "init": state(incident, 18, "ContainerTerminated", "pods", "web-7d9f8c6b5d-x2x4z", t,
+                      component="setup", code=0, message="setup: Completed exit code 0",
+                      annotations={"container": "setup", "init": True}),
+        "clean": state(incident, 19, "ContainerTerminated", "pods", "op-6b7c8d9f5b-k2m4n", t,
+                       completed=t + timedelta(minutes=1), component="op", code=0, count=2,
+                       message="op: Completed exit code 0",
+                       annotations={"container": "op", "last": True}),
+        "restarted": state(incident, 20, "ContainerStarted", "pods", "op-6b7c8d9f5b-k2m4n",
+                           t + timedelta(minutes=2), component="op", count=2,
+                           annotations={"container": "op"}),
+        "again": state(incident, 21, "ContainerStarted", "pods", "agent-4xq2z",
+                       t + timedelta(minutes=2), component="agent", count=3, namespace="infra",
+                       annotations={"container": "agent"}),
         "ready_a": state(incident, 4, "Ready=True", "pods", pod_a, t + timedelta(minutes=5)),
         "ready_b": state(incident, 5, "Ready=True", "pods", pod_b, t + timedelta(minutes=11)),
         "loop": state(incident, 6, "ContainerWaiting", "pods", "db-0", CAPTURE, component="pg",
@@ -434,7 +449,13 @@ def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     assert [(i["objects"][0]["name"], i["ready"], i["desired"]) for i in replicas] == [
         ("api", 1, 3)]
     assert any(i.get("facts") and i["facts"][0]["condition"] == "Available" for i in workloads)
-    assert kinds["container-restarts"] == 2
+    (clean,) = [i for i in of_kind(found, "container-restarts") if i["owner"]["name"] == "op"]
+    assert clean["severity"] == "info" and clean["facts"][0]["reason"] == "Completed"
+    assert "op in op-6b7c8d9f5b-k2m4n restarted 2 times" in clean["explanation"]
+    (again,) = [i for i in of_kind(found, "container-restarts")
+                if i["owner"]["namespace"] == "infra"]
+    assert again["reasons"] == {"restarted": 1} and "restarted 3 times" in again["explanation"]
+    assert kinds["container-restarts"] == 4  # web, db, op, agent: not the init container
 
     # the page's API serves them, each naming its events
     client_found = sorted(found, key=lambda i: i["id"])

@@ -190,7 +190,7 @@ def _upgrades(rows: list[dict]) -> list[dict]:
                 "version": r["message"], "event": r["id"]} for r in updates]
     open_ = [w for w in windows if w["end"] is None or w["end"] == w["start"]]
     return [insight(
-        "operator-condition", f"ClusterVersion: {len(updates)} updates",
+        "operator-condition", f"ClusterVersion: {plural(len(updates), 'update')}",
         "info", "; ".join(f"{w['version']} from {w['start']}"
                           + (f" to {w['end']}" if w not in open_ else " (not completed)")
                           for w in windows[-5:]),

@@ -76,6 +76,8 @@ urlpatterns = [
          name="incident-compare"),
     path("api/v1/incidents/<int:incident_pk>/history/", history_views.history_api,
          name="incident-history"),
+    path("api/v1/incidents/<int:incident_pk>/related/", history_views.related_api,
+         name="incident-related"),
     path("incidents/<int:pk>/stats/", stats_views.stats_page, name="stats-page"),
     path("incidents/<int:pk>/pods/", pods_views.pods_page, name="pods-page"),
     path("incidents/<int:pk>/compare/", compare_views.compare_page, name="compare-page"),

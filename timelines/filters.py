@@ -17,6 +17,7 @@ from django.db.models import Q
 from django_filters.fields import IsoDateTimeField
 
 from .models import Event
+from .related import parse_related, related_filter
 
 
 class ValueListField(forms.Field):
@@ -109,9 +110,33 @@ class AllTextOf(django_filters.Filter):
         return qs
 
 
+class RelatedKeysField(ValueListField):
+    """``R/N/X`` or ``R/X`` values as (resource, namespace, name); 400 for another shape."""
+
+    def to_python(self, value) -> list:
+        try:
+            return [parse_related(item) for item in super().to_python(value)]
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+
+
+class RelatedTo(django_filters.Filter):
+    """``related=R/N/X`` (``R/X`` for a cluster-scoped object): the object's events and those of
+    everything related to it (``timelines.related``); repeated, any of them."""
+
+    field_class = RelatedKeysField
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        # Relations are the incident's, whatever the other filters select.
+        base = self.parent.queryset if self.parent is not None else qs
+        return qs.filter(related_filter(base, value))
+
+
 class EventFilterSet(django_filters.FilterSet):
     id = IntAnyOf(help_text="event ids (an insight's evidence)")
-    kind = AnyOf(help_text="audit, event, log or trace")
+    kind = AnyOf(help_text="audit, event, log, trace or state")
     resource = AnyOf(help_text="objectRef.resource, whatever the subresource")
     subresource = AnyOf()
     name = AnyOf()
@@ -132,6 +157,8 @@ class EventFilterSet(django_filters.FilterSet):
     severity = AnyOf()
     component = AnyOf()
     node = AnyOf()
+    related = RelatedTo(help_text="resource/namespace/name (resource/name: cluster-scoped): "
+                                  "the object and every object related to it")
     q = AllTextOf(columns=("request_uri", "message", "name"),
                   help_text="text in requestURI, message or name (any case); repeated q all match")
     since = RFC3339Filter(field_name="received", lookup_expr="gte",

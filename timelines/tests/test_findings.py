@@ -139,8 +139,12 @@ def deployments_of(files: dict[str, bytes]) -> dict[tuple[str, str], str]:
 
 
 def test_must_gather_events_make_one_finding_per_problem_and_owner(must_gather_files, tmp_path):
+    # the Events (the objects only tell the test who owns which pod: their state has a test
+    # of its own, below, on a few namespaces, reading them all would double this one's time)
     files = {n: d for n, d in must_gather_files.items() if not n.endswith(".log")}
-    incident = ingest(make_bundle(tmp_path / "mg-events.tar.gz", files), "must-gather events")
+    incident = ingest(make_bundle(tmp_path / "mg-events.tar.gz", {
+        n: d for n, d in files.items() if n.endswith(("/events.yaml", "/timestamp"))}),
+        "must-gather events")
     found = insights.compute(incident.pk)
     events = events_of(files)
     assert len(events) == Event.objects.filter(incident=incident, kind="event").count()
@@ -272,6 +276,45 @@ def test_a_restart_known_from_backoff_events_links_the_container_error_lines_aro
     for line in lines:
         assert f"/{pod}/{container}/" in line.source and start <= line.received <= end
         assert line.severity in ("error", "fatal", "")
+
+
+STATE_NAMESPACES = ("openshift-ingress-operator", "openshift-monitoring",
+                    "openshift-cluster-csi-drivers", "openshift-service-ca")
+
+
+def test_must_gather_pods_give_every_container_restart_at_its_finish(must_gather_files,
+                                                                     tmp_path):
+    files = {n: d for n, d in must_gather_files.items() if n.endswith("/timestamp") or (
+        n.endswith("/core/pods.yaml") and any(f"/namespaces/{ns}/" in n
+                                               for ns in STATE_NAMESPACES))}
+    # every regular container whose last state is a termination restarted after it
+    expected = {}
+    for name, data in files.items():
+        if name.endswith("/pods.yaml"):
+            for pod in (yaml.load(data, Loader=Loader) or {}).get("items") or []:
+                for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                    ended = (status.get("lastState") or {}).get("terminated")
+                    if ended:
+                        expected[(pod["metadata"]["name"], status["name"])] = (
+                            parse_time(ended["finishedAt"]), ended.get("reason") or "",
+                            ended.get("exitCode"), status.get("restartCount"))
+    assert expected
+    incident = ingest(make_bundle(tmp_path / "mg-pods.tar.gz", files), "must-gather pods")
+    assert Event.objects.filter(incident=incident, kind="state", reason="Snapshot").exists()
+    found = insights.compute(incident.pk)
+
+    facts = {(f["pod"], f["container"]): f for i in found
+             if i["kind"] in ("container-restarts", "oom-kill") for f in i["facts"]
+             if f["last"]}
+    assert set(facts) == set(expected)
+    for key, (finished, reason, code, restarts) in expected.items():
+        fact = facts[key]
+        assert fact["finished"] == insights.rfc3339(finished), key
+        assert (fact["reason"], fact["exit_code"], fact["restarts"]) == (reason, code, restarts)
+    ingress = [i for i in of_kind(found, "container-restarts")
+               if i["owner"] == {"resource": "deployments", "name": "ingress-operator",
+                                 "namespace": "openshift-ingress-operator"}]
+    assert len(ingress) == 1 and ingress[0]["severity"] == "warning"
 
 
 @pytest.mark.parametrize(("bundle", "kinds"), [

@@ -54,8 +54,10 @@ print(f"  {incident.title}: {events:,} events, "
       + f"\n    {settings.SITE_URL}{incident.get_absolute_url()}#insights")
 for upload in Upload.objects.filter(incident=incident, status=Upload.Status.FAILED):
     reason = upload.message or "; ".join(upload.errors[:1])
-    print(f"    rejected upload: {reason if reason.startswith(upload.name) else upload.name + ': ' + reason}")
-' 2>/dev/null || true
+    if not reason.startswith(upload.name):
+        reason = f"{upload.name}: {reason}"
+    print(f"    rejected upload: {reason}")
+' || true
 }
 
 echo "demo incidents:"

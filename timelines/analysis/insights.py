@@ -37,8 +37,8 @@ from ..models import BodyChunk, Event, IncidentInsights
 
 log = logging.getLogger(__name__)
 
-KINDS = ("list-without-resource-version", "slow-request", "deletion", "recreated-object",
-         "error-burst", "conflicting-writers", "audit-coverage")
+REQUEST_KINDS = ("list-without-resource-version", "slow-request", "deletion",
+                 "recreated-object", "error-burst", "conflicting-writers", "audit-coverage")
 SEVERITIES = ("critical", "warning", "info")
 MAX_EVENTS = 200  # event ids an insight carries
 MAX_LISTED = 50  # entries of an insight's lists of facts (deletes, recreations…)
@@ -507,7 +507,7 @@ def coverage_insights(rows: list[tuple[str, str, str, bool, int]]) -> list[dict]
 
 def steps(events: QuerySet, slow_ms: float = SLOW_MS) -> list[tuple[str, Callable[[], list]]]:
     """(name, the function finding those insights) for every part of the computation."""
-    from . import deletions  # which uses the helpers above
+    from . import deletions, findings  # which use the helpers above
 
     return [
         ("list-without-resource-version", lambda: etcd_list_insights(etcd_list_rows(events))),
@@ -519,12 +519,20 @@ def steps(events: QuerySet, slow_ms: float = SLOW_MS) -> list[tuple[str, Callabl
             burst_details(events, find_bursts(*error_minutes(events))))),
         ("conflicting-writers", lambda: writer_insights(writer_rows(events))),
         ("audit-coverage", lambda: coverage_insights(coverage_rows(events))),
+        *findings.steps(events),
     ]
+
+
+def kinds_in_order() -> tuple[str, ...]:
+    """Every kind: those of requests, then those of bundles (``findings.KINDS``)."""
+    from .findings import KINDS as BUNDLE_KINDS
+
+    return REQUEST_KINDS + BUNDLE_KINDS
 
 
 def compute(incident_id: int, *, slow_ms: float = SLOW_MS,
             timings: dict[str, float] | None = None) -> list[dict]:
-    """Every insight of the incident, the most severe first (kinds in KINDS order within a
+    """Every insight of the incident, the most severe first (kinds in ``kinds_in_order`` within a
     severity), each with its ``id``: its position in this list. ``timings``, when given, gets
     the seconds each step took."""
     found = []
@@ -533,7 +541,8 @@ def compute(incident_id: int, *, slow_ms: float = SLOW_MS,
         found += step()
         if timings is not None:
             timings[name] = time.perf_counter() - started
-    found.sort(key=lambda i: (SEVERITIES.index(i["severity"]), KINDS.index(i["kind"])))
+    kinds = kinds_in_order()
+    found.sort(key=lambda i: (SEVERITIES.index(i["severity"]), kinds.index(i["kind"])))
     for number, item in enumerate(found):
         item["id"] = number
     return found

@@ -40,7 +40,12 @@ def _answer(found: list[dict], row) -> HttpResponse:
         "\"severity\", \"explanation\", \"events\": [event ids], \"event_count\", …}]`, the "
         "most severe first. Kinds: `list-without-resource-version`, `slow-request`, "
         "`deletion`, `recreated-object`, `error-burst`, `conflicting-writers`, "
-        "`audit-coverage`. `POST` (writers): compute them again now."),
+        "`audit-coverage`; on bundles `container-restarts`, `oom-kill`, `unschedulable`, "
+        "`mount-failure`, `probe-failure`, `image-pull`, `sandbox-failure`, `eviction`, "
+        "`stuck-pending`, `stuck-terminating`, `node-condition`, `operator-condition`, "
+        "`workload-unavailable`, `repeated-event`, `warning-burst`, `log-errors`, each with "
+        "`start`/`end` (RFC 3339), `objects` ([{\"resource\", \"namespace\", \"name\"}]), "
+        "`capture` and `age_s`. `POST` (writers): compute them again now."),
     request=None,
     responses={200: OpenApiResponse({"type": "array", "items": {
         "type": "object", "required": ["kind", "title", "severity", "events"], "properties": {

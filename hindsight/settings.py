@@ -125,6 +125,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI served by us, never from a CDN
     "incidents",
     "timelines",
+    "timelines.detections",
 ]
 
 MIDDLEWARE = [

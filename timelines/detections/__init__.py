@@ -7,5 +7,11 @@
 - ``fields``: the ``ka.*`` and ``jevt.*`` fields, extracted from one audit event;
 - ``engine``: rules over audit lines and stored requests (a request counted once).
 
-No Django import in these modules; ``incident`` reads the event store.
+- ``incident``: the rules over an incident's stored requests (columns first, bodies only where
+  a rule needs them), its detection insights and the matches the ``detection=`` filter reads;
+- ``models`` (app label ``detections``, its own migrations): added rules files, matches;
+  ``views``: ``/api/v1/rules/``.
+
+``rules``, ``condition``, ``fields`` and ``engine`` import nothing of Django: they run on plain
+dicts (the tests feed them Falco's trace files).
 """

@@ -27,6 +27,14 @@ from fnmatch import fnmatchcase
 from . import fields
 
 UNKNOWN = object()  # a field the view cannot tell yet
+
+
+class PositiveTime:
+    """A value known only to be a positive count of nanoseconds (``jevt.rawtime`` of a stored
+    request before its body is read): ``=0`` is false and ``exists`` true, the rest unknown."""
+
+
+POSITIVE_TIME = PositiveTime()
 Test = Callable[["View"], "bool | None"]  # True, False, or None for unknown
 
 
@@ -348,12 +356,19 @@ def compare(text: str, extract, op: str, operand: str, is_list: bool) -> Test:
     check = _scalar_test(op, operand)
     negative = op == "!="
 
+    rhs = number(operand)
+    at_most_zero = rhs is not None and rhs <= 0
+    on_positive = {"=": False, "==": False, "!=": True, ">": True, ">=": True, "<": False,
+                   "<=": False}.get(op) if at_most_zero else None
+
     def test(view):
         value = view.get(text, extract)
         if value is UNKNOWN:
             return None
         if value is None:
             return False
+        if value is POSITIVE_TIME:
+            return on_positive
         if isinstance(value, list):
             if not value:
                 return False
@@ -375,7 +390,7 @@ def member(text: str, extract, op: str, items: list[str], is_list: bool) -> Test
 
     def test(view):
         value = view.get(text, extract)
-        if value is UNKNOWN:
+        if value is UNKNOWN or value is POSITIVE_TIME:
             return None
         if value is None:
             return False

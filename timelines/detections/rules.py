@@ -113,7 +113,10 @@ class _Loader:
         try:
             root = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+            mark = getattr(exc, "problem_mark", None)
+            context = getattr(exc, "context_mark", None)
+            if context is not None and (mark is None or mark.line >= len(text.splitlines())):
+                mark = context  # at the end of the file: where the unclosed thing began
             line = mark.line + 1 if mark else 1
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise RulesError(name, line, f"YAML syntax error: {problem}") from None

@@ -53,7 +53,9 @@ class ColumnView(View):
             if text == "jevt.rawtime":
                 return POSITIVE_TIME  # a stored request always has its time
             return UNKNOWN
-        value = self.columns[column]
+        value = self.columns.get(column, UNKNOWN)
+        if value is UNKNOWN:
+            return UNKNOWN
         if value is None or value == "":
             return None
         return str(value)
@@ -76,7 +78,7 @@ def body_from_columns(row: dict) -> dict:
 
 def column_stages(columns: dict) -> list[ColumnView]:
     stand_in = {"stage": columns["stage"], "verb": columns["verb"]}
-    if columns["code"] is not None:
+    if columns.get("code") is not None:
         stand_in["responseStatus"] = {"code": columns["code"]}
     return [ColumnView({**columns, "stage": s["stage"]}) for s in stages_of(stand_in)]
 
@@ -92,14 +94,47 @@ def decide(rule: Rule, views: list[View]) -> bool | None:
     return result
 
 
+def _columns_read(rule: Rule) -> tuple[str, ...]:
+    """The columns a rule's verdict on a group depends on (the stages come from stage, verb
+    and code)."""
+    read = {COLUMN_FIELDS[f] for f in rule.fields if f in COLUMN_FIELDS}
+    return tuple(sorted(read | {"stage", "verb", "code"}))
+
+
+class Verdicts:
+    """Each rule decided on a group's columns, once per combination of the columns it reads
+    (most rules read four or five: a few dozen combinations among thousands of groups)."""
+
+    def __init__(self, active: list[Rule]):
+        self.rules = [(rule, _columns_read(rule), {}) for rule in active]
+
+    def of(self, columns: dict) -> tuple[list[Rule], list[Rule]]:
+        """(the rules every request of the group matches, the rules its bodies must decide)."""
+        views = None
+        true, undecided = [], []
+        for rule, read, memo in self.rules:
+            key = tuple(columns[c] for c in read)
+            try:
+                verdict = memo[key]
+            except KeyError:
+                if views is None:
+                    views = column_stages(columns)
+                verdict = memo[key] = decide(rule, views)
+            if verdict is True:
+                true.append(rule)
+            elif verdict is None:
+                undecided.append(rule)
+        return true, undecided
+
+
 @dataclass
 class Matches:
-    """What the rules matched: rule name → event ids, and the body of each rule's first
-    matching requests per object (for the output)."""
+    """What the rules matched: rule name → event ids."""
 
     ids: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     bodies_read: int = 0
     groups: int = 0
+    from_index: bool = False
     seconds: float = 0.0
 
 
@@ -117,34 +152,130 @@ def groups_of(incident_id: int) -> list[tuple[dict, list[int]]]:
     return [(dict(zip(GROUP_COLUMNS, key, strict=True)), ids) for key, ids in grouped.items()]
 
 
-def evaluate(incident_id: int, ruleset: RuleSet) -> Matches:
-    started = time.perf_counter()
-    active = ruleset.active
-    found = Matches()
-    pending: dict[int, list[Rule]] = {}  # event id → rules its body must decide
-    groups = groups_of(incident_id)
-    found.groups = len(groups)
-    for columns, ids in groups:
-        views = column_stages(columns)
-        undecided = []
-        for rule in active:
-            verdict = decide(rule, views)
-            if verdict is True:
-                found.ids[rule.name] += ids
-            elif verdict is None:
-                undecided.append(rule)
+def _index_of(incident_id: int):
+    """The incident's column index at its current data version, or None (none built: a small
+    incident, or an upload running)."""
+    from .. import columns
+    from ..aggregate import data_version
+
+    version = data_version(incident_id)
+    return columns.load(incident_id, version) if version is not None else None
+
+
+def _decide_groups(incident_id: int, verdicts: Verdicts, found: Matches) -> dict[int, list[Rule]]:
+    """Every rule decided per group of requests; the requests whose bodies must decide some
+    (id → those rules). From the column index's signatures when there is one (no query),
+    else one GROUP BY."""
+    pending: dict[int, list[Rule]] = {}
+    index = _index_of(incident_id)
+    if index is not None:
+        _decide_signatures(index, verdicts, found, pending)
+        return pending
+    for columns, ids in groups_of(incident_id):
+        found.groups += 1
+        true, undecided = verdicts.of(columns)
+        for rule in true:
+            found.ids[rule.name] += ids
         if undecided:
             for event_id in ids:
                 pending[event_id] = undecided
+    return pending
+
+
+def _decide_signatures(index, verdicts: Verdicts, found: Matches,
+                       pending: dict[int, list[Rule]]) -> None:
+    """``_decide_groups`` on a column index: for each rule, the distinct combinations of the
+    codes of the columns it reads among the signatures (``numpy.unique``, a few dozen), each
+    decided once, then spread to the signatures and from them to the events."""
+    import numpy as np
+
+    found.from_index = True
+    values = {c: index.field(c)[0] for c in (*GROUP_COLUMNS, "kind")}
+    codes = {c: np.asarray(index.field(c)[1]) for c in (*GROUP_COLUMNS, "kind")}
+    audit = codes["kind"] == (values["kind"].index(Event.Kind.AUDIT)
+                              if Event.Kind.AUDIT in values["kind"] else -1)
+    found.groups = int(np.count_nonzero(audit))
+    event_signatures = np.asarray(index.signature)
+    ids = np.asarray(index.id)
+    undecided_any = np.zeros(index.signatures, dtype=bool)
+    undecided_masks = []
+    def verdicts_of(rule, read, rows):
+        """Per signature of ``rows``: 0 false, 1 true, 2 unknown, reading columns ``read``."""
+        # one int64 per signature (mixed radix over the columns' value counts), whose distinct
+        # values np.unique finds far faster than distinct rows of a 2-D array
+        key = np.zeros(len(rows), dtype=np.int64)
+        radix = 1
+        for c in read:
+            key += codes[c][rows].astype(np.int64) * radix
+            radix *= max(1, len(values[c]))
+        if radix >= 1 << 62:  # too many values to pack: distinct rows
+            stacked = np.stack([codes[c][rows] for c in read], axis=1)
+            combos, inverse = np.unique(stacked, axis=0, return_inverse=True)
+            combos = [row.tolist() for row in combos]
+        else:
+            packed, inverse = np.unique(key, return_inverse=True)
+            combos = []
+            for number in packed.tolist():
+                combo = []
+                for c in read:
+                    size = max(1, len(values[c]))
+                    combo.append(number % size)
+                    number //= size
+                combos.append(combo)
+        verdict = np.zeros(len(combos), dtype=np.int8)
+        for number, combo in enumerate(combos):
+            columns = {c: values[c][code] for c, code in zip(read, combo, strict=True)}
+            result = decide(rule, column_stages(columns))
+            verdict[number] = 1 if result is True else (2 if result is None else 0)
+        return verdict[inverse.reshape(-1)]
+
+    everything = np.arange(index.signatures)
+    for rule, read, _ in verdicts.rules:
+        # names are nearly as many as signatures: decided without them first, then only
+        # where that left the rule open
+        coarse = tuple(c for c in read if c != "name")
+        per_signature = verdicts_of(rule, coarse, everything)
+        if coarse != read:
+            open_rows = np.flatnonzero(per_signature == 2)
+            if len(open_rows):
+                per_signature[open_rows] = verdicts_of(rule, read, open_rows)
+        per_signature[~audit] = 0
+        true = per_signature == 1
+        if true.any():
+            found.ids[rule.name] += ids[true[event_signatures]].tolist()
+        unknown = per_signature == 2
+        if unknown.any():
+            undecided_any |= unknown
+            undecided_masks.append((rule, unknown))
+    if not undecided_any.any():
+        return
+    chosen = undecided_any[event_signatures]
+    rules_of: dict[int, list[Rule]] = {}
+    for number in np.flatnonzero(undecided_any).tolist():
+        rules_of[number] = [rule for rule, mask in undecided_masks if mask[number]]
+    for event_id, number in zip(ids[chosen].tolist(), event_signatures[chosen].tolist(),
+                                strict=True):
+        pending[event_id] = rules_of[number]
+
+
+def evaluate(incident_id: int, ruleset: RuleSet) -> Matches:
+    started = time.perf_counter()
+    found = Matches()
+    pending = _decide_groups(incident_id, Verdicts(ruleset.active), found)
     pending_ids = sorted(pending)
     for start in range(0, len(pending_ids), BODY_BATCH):
         batch = pending_ids[start:start + BODY_BATCH]
         rows = list(Event.objects.filter(incident_id=incident_id, pk__in=batch).values(
-            "id", "body_chunk", "body_index", "request_uri", *GROUP_COLUMNS))
+            "id", "body_chunk", "body_index"))
         bodies = read_bodies(rows)
         found.bodies_read += len(bodies)
+        missing = [row["id"] for row in rows if row["id"] not in bodies]
+        if missing:  # a request stored without its body: what its columns say
+            for row in Event.objects.filter(incident_id=incident_id, pk__in=missing).values(
+                    "id", "request_uri", *GROUP_COLUMNS):
+                bodies[row["id"]] = body_from_columns(row)
         for row in rows:
-            body = bodies.get(row["id"]) or body_from_columns(row)
+            body = bodies[row["id"]]
             stages = stages_of(body)
             views = [View(s) for s in stages]
             for rule in pending[row["id"]]:

@@ -47,6 +47,22 @@ def test_stored_requests_match_as_the_trace_lines_do(falco, incident, fixtures_d
     assert 0 < found.bodies_read < len(falco)
 
 
+def test_the_column_index_decides_as_the_database_does(falco, incident):
+    """Past 20,000 events the groups come from the column index's signatures: same matches."""
+    from timelines import columns
+    from timelines.aggregate import data_version
+
+    ruleset = ruleset_for(incident.pk)
+    by_database = evaluate(incident.pk, ruleset)
+    assert not by_database.from_index
+    assert columns.build(incident.pk, data_version(incident.pk)) is not None
+    by_index = evaluate(incident.pk, ruleset)
+    assert by_index.from_index  # its signatures hold more columns: more, smaller groups
+    assert {r: sorted(i) for r, i in by_index.ids.items() if i} == {
+        r: sorted(i) for r, i in by_database.ids.items() if i}
+    assert by_index.bodies_read == by_database.bodies_read
+
+
 def test_detections_are_insights_and_filter_events(falco, incident, fixtures_dir, api):
     expected = expected_matches(fixtures_dir, ruleset_for(incident.pk))
     insights.refresh(incident.pk)

@@ -5,6 +5,7 @@ rules files are added through the API or refused with ``file:line: reason``."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import pytest
@@ -138,3 +139,17 @@ def test_an_added_rules_file_tunes_the_shipped_rules(client, superuser_key, owne
 def superuser_key(django_user_model, token_for):
     admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
     return f"Token {token_for(admin)}"
+
+
+def test_the_timeline_marks_detected_events(falco, incident, owner, client):
+    insights.refresh(incident.pk)
+    rule_name = "Attach/Exec Pod"
+    expected = set(DetectionEvent.objects.filter(incident=incident, rule=rule_name).values_list(
+        "event_id", flat=True))
+    assert expected
+    client.force_login(owner)
+    page = client.get(reverse("incidents:detail", args=[incident.pk]),
+                      {"detection": rule_name, "partial": "events"}).content.decode()
+    rows = set(map(int, re.findall(r'data-event="(\d+)"', page)))
+    assert rows == expected  # the filter on the page's table
+    assert page.count(f"⚑ {rule_name}</a>") == len(expected)  # each row marked

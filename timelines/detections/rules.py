@@ -91,6 +91,14 @@ class RuleSet:
         return next((r for r in self.rules if r.name == name), None)
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """Safe YAML, where a bare ``=`` (``comps: [=, in]`` in exceptions) is the string it is
+    in Falco (YAML 1.1 calls it the "value" key)."""
+
+
+_YamlLoader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: node.value)
+
+
 @dataclass
 class _Macro:
     condition: str
@@ -111,7 +119,7 @@ class _Loader:
     def load(self, name: str, text: str) -> None:
         self.files.append(name)
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            root = yaml.compose(text, Loader=_YamlLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             context = getattr(exc, "context_mark", None)
@@ -135,12 +143,16 @@ class _Loader:
         if not isinstance(node, yaml.MappingNode):
             raise RulesError(file, line, "each item is a mapping (list, macro or rule)")
         data, lines = {}, {}
-        constructor = yaml.SafeLoader("")
+        constructor = _YamlLoader("")
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
             if not isinstance(key, str):
                 raise RulesError(file, key_node.start_mark.line + 1, "keys are strings")
-            data[key] = constructor.construct_object(value_node, deep=True)
+            try:
+                data[key] = constructor.construct_object(value_node, deep=True)
+            except yaml.YAMLError as exc:
+                raise RulesError(file, value_node.start_mark.line + 1,
+                                 f"YAML: {getattr(exc, 'problem', None) or exc}") from None
             lines[key] = value_node.start_mark.line + 1
         if "required_engine_version" in data:
             self.notes.append(f"{file}: required_engine_version {data['required_engine_version']}"

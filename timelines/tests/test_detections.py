@@ -86,10 +86,22 @@ def test_detections_are_insights_and_filter_events(falco, incident, fixtures_dir
     page = api(reverse("api:incident-event-list", args=[incident.pk]), {"detection": rule_name})
     assert page.status_code == 200
     assert {e["audit_id"] for e in page.json()["results"]} == expected[rule_name]
-    # a sequence can be started from a detection
     item = next(i for i in found if i["rule"] == rule_name)
     assert set(item["events"]) == set(DetectionEvent.objects.filter(
         incident=incident, rule=rule_name).values_list("event_id", flat=True))
+
+
+def test_a_sequence_starts_from_a_detection(falco, incident, owner, token_for, client):
+    found = [i for i in insights.refresh(incident.pk).insights if i["kind"] == "detection"]
+    item = next(i for i in found if i["rule"] == "Attach/Exec Pod")
+    answer = client.post(reverse("incident-insight-sequence", args=[incident.pk, item["id"]]),
+                         {}, content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Token {token_for(owner)}")
+    assert answer.status_code == 201, answer.content
+    sequence = answer.json()
+    assert sequence["title"] == "Attach/Exec Pod"
+    assert [step["event"] for step in sequence["steps"]] == item["events"]
+    assert sequence["steps"][0]["note"] == item["output"]
 
 
 BROKEN = {

@@ -17,6 +17,7 @@ depend on them.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -59,10 +60,11 @@ def rules_path(named: str) -> Path | None:
     return FALCO / "rules" / named.removeprefix("./rules/k8s_audit/")
 
 
-def ruleset_of(case: dict) -> tuple[rules.RuleSet, bool]:
-    """The case's rules (without falco_rules.yaml if it loads so) and whether it needed the
-    stand-in."""
-    named = case["rules_file"]
+@functools.cache
+def ruleset_of(name: str) -> tuple[rules.RuleSet, bool]:
+    """The rules of case ``name`` (without falco_rules.yaml if it loads so) and whether it
+    needed the stand-in."""
+    named = CASES[name]["rules_file"]
     files = [(p.name, p.read_text()) for p in map(rules_path, named) if p is not None]
     try:
         return rules.load(files), False
@@ -85,7 +87,7 @@ CASES = cases()
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_falco_case(name):
     case = CASES[name]
-    ruleset, _ = ruleset_of(case)
+    ruleset, _ = ruleset_of(name)
     events, errors = engine.read_trace(trace_of(case))
     found = engine.evaluate_lines(ruleset, events)
     counts = Counter(d.rule.name for d in found)
@@ -105,7 +107,7 @@ def test_falco_case(name):
 
 def test_only_the_trusted_image_cases_need_falco_rules_lists():
     """The stand-in is used exactly where trust_nginx_container.yaml appends to the two lists."""
-    needing = {name for name, case in CASES.items() if ruleset_of(case)[1]}
+    needing = {name for name in CASES if ruleset_of(name)[1]}
     expected = {name for name, case in CASES.items()
                 if "./rules/k8s_audit/trust_nginx_container.yaml" in case["rules_file"]
                 and any(p.endswith(PLUGIN_RULES) for p in case["rules_file"])}

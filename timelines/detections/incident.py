@@ -354,13 +354,26 @@ def detection_insights(incident_id: int, ruleset: RuleSet, found: Matches) -> li
 
 
 def store_matches(incident_id: int, found: Matches) -> None:
-    """Replace the incident's matched events (the ``detection=`` filter's)."""
+    """Replace the incident's matched events (the ``detection=`` filter's), in one transaction
+    that holds the incident (nothing is written for a deleted one); COPY on PostgreSQL."""
+    from incidents.models import writing
+
     from .models import DetectionEvent
 
-    DetectionEvent.objects.filter(incident_id=incident_id)._raw_delete(DetectionEvent.objects.db)
-    DetectionEvent.objects.bulk_create(
-        (DetectionEvent(incident_id=incident_id, rule=rule, event_id=event_id)
-         for rule, ids in found.ids.items() for event_id in ids), batch_size=5000)
+    with writing(incident_id):
+        DetectionEvent.objects.filter(incident_id=incident_id)._raw_delete(
+            DetectionEvent.objects.db)
+        if connection.vendor == "postgresql":
+            table = DetectionEvent._meta.db_table
+            with connection.cursor() as cursor, cursor.copy(
+                    f"COPY {table} (incident_id, rule, event_id) FROM STDIN") as copy:
+                for rule, ids in found.ids.items():
+                    for event_id in ids:
+                        copy.write_row((incident_id, rule, event_id))
+        else:
+            DetectionEvent.objects.bulk_create(
+                (DetectionEvent(incident_id=incident_id, rule=rule, event_id=event_id)
+                 for rule, ids in found.ids.items() for event_id in ids), batch_size=5000)
 
 
 def detections(incident_id: int) -> list[dict]:

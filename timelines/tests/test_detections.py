@@ -165,3 +165,13 @@ def test_the_timeline_marks_detected_events(falco, incident, owner, client):
     rows = set(map(int, re.findall(r'data-event="(\d+)"', page)))
     assert rows == expected  # the filter on the page's table
     assert page.count(f"⚑ {rule_name}</a>") == len(expected)  # each row marked
+
+
+def test_the_purge_of_a_deleted_incident_removes_its_matches(falco, incident):
+    from timelines.ingest.purge import delete_incident, purge_incident
+
+    insights.refresh(incident.pk)
+    assert DetectionEvent.objects.filter(incident=incident).exists()
+    delete_incident(incident)
+    purge_incident(incident.pk)
+    assert not DetectionEvent.objects.filter(incident_id=incident.pk).exists()

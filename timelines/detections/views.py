@@ -46,8 +46,11 @@ def _team(request) -> Team | None:
     if not name:
         return None
     team = Team.objects.filter(name=name).first()
-    if team is None:
-        raise ValidationError({"team": [f"No team named {name!r}."]})
+    user = request.user
+    if team is None or not (user.is_superuser or Membership.objects.filter(
+            user=user, team=team).exists()):
+        # a team's rules are its members' business: never a hint that another team exists
+        raise ValidationError({"team": [f"You are in no team named {name!r}."]})
     return team
 
 

@@ -126,7 +126,8 @@ def test_a_broken_rules_file_is_refused_whole_with_file_and_line(name, client, s
     assert not RulesFile.objects.exists()  # nothing of it is kept
 
 
-def test_an_added_rules_file_tunes_the_shipped_rules(client, superuser_key, owner, token_for):
+def test_an_added_rules_file_tunes_the_shipped_rules(client, superuser_key, owner, token_for,
+                                                     other_team):
     text = ("- list: allowed_k8s_users\n  items: [alice]\n  override:\n    items: append\n"
             "- rule: Attach/Exec Pod\n  enabled: false\n")
     answer = client.post(reverse("rules"), {"name": "local.yaml", "text": text},
@@ -140,6 +141,10 @@ def test_an_added_rules_file_tunes_the_shipped_rules(client, superuser_key, owne
     assert rules_by_name["Create Privileged Pod"] == {
         "name": "Create Privileged Pod", "priority": "WARNING", "source":
         "k8s_audit_rules.yaml", "enabled": True, "evaluated": True, "tags": ["k8s"]}
+    # another team's files are not listed to those outside it
+    outside = client.get(reverse("rules"), {"team": other_team.name},
+                         HTTP_AUTHORIZATION=f"Token {token_for(owner)}")
+    assert outside.status_code == 400
     # not an admin: refused
     refused = client.post(reverse("rules"), {"name": "x.yaml", "text": text},
                           content_type="application/json",

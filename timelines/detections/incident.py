@@ -15,12 +15,13 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import orjson
 from django.db import connection
 
 from ..analysis.insights import insight, read_bodies
-from ..models import Event
+from ..models import BodyChunk, Event
 from . import rules as rules_module
-from .condition import POSITIVE_TIME, UNKNOWN, View
+from .condition import POSITIVE_TIME, UNKNOWN, RawLine, View
 from .engine import stages_of
 from .rules import Rule, RuleSet, render_output
 
@@ -132,7 +133,8 @@ class Matches:
     """What the rules matched: rule name → event ids."""
 
     ids: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    bodies_read: int = 0
+    bodies_read: int = 0  # parsed
+    bodies_skipped: int = 0  # read, and ruled out on the raw line without parsing it
     groups: int = 0
     from_index: bool = False
     column_seconds: float = 0.0  # deciding on the columns, before any body is read
@@ -259,6 +261,38 @@ def _decide_signatures(index, verdicts: Verdicts, found: Matches,
         pending[event_id] = rules_of[number]
 
 
+class RawView(View):
+    """A stored request before its body is parsed: every field is its raw line
+    (``condition.RawLine``), which rules out the rules needing a literal the line lacks."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, line: bytes):
+        super().__init__({})
+        self.raw = RawLine(line)
+
+    def get(self, text, extract):
+        return self.raw
+
+
+def read_lines(rows) -> dict[int, bytes]:
+    """The stored (redacted) audit line of each of ``rows`` (``id``, ``body_chunk``,
+    ``body_index``) by event id, each chunk read once."""
+    wanted: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for row in rows:
+        if row.get("body_chunk") is not None:
+            wanted[row["body_chunk"]].append((row["id"], row["body_index"]))
+    out: dict[int, bytes] = {}
+    chunk_ids = sorted(wanted)
+    for start in range(0, len(chunk_ids), 200):
+        for chunk in BodyChunk.objects.filter(pk__in=chunk_ids[start:start + 200]).only("data"):
+            chunk_lines = chunk.lines()
+            for event_id, index in wanted[chunk.pk]:
+                if index < len(chunk_lines):
+                    out[event_id] = chunk_lines[index]
+    return out
+
+
 STAGES = ("ResponseComplete", "ResponseStarted", "RequestReceived", "Panic")
 
 
@@ -280,17 +314,32 @@ def evaluate(incident_id: int, ruleset: RuleSet) -> Matches:
         batch = pending_ids[start:start + BODY_BATCH]
         rows = list(Event.objects.filter(incident_id=incident_id, pk__in=batch).values(
             "id", "body_chunk", "body_index"))
-        bodies = read_bodies(rows)
-        found.bodies_read += len(bodies)
-        missing = [row["id"] for row in rows if row["id"] not in bodies]
+        lines = read_lines(rows)
+        missing = [row["id"] for row in rows if row["id"] not in lines]
+        columns_of = {}
         if missing:  # a request stored without its body: what its columns say
             for row in Event.objects.filter(incident_id=incident_id, pk__in=missing).values(
                     "id", "request_uri", *GROUP_COLUMNS):
-                bodies[row["id"]] = body_from_columns(row)
+                columns_of[row["id"]] = body_from_columns(row)
         for row in rows:
             pending_rules = pending[row["id"]]
+            line = lines.get(row["id"])
+            body = columns_of.get(row["id"])
+            if line is not None:
+                raw = RawView(line)
+                pending_rules = [r for r in pending_rules if r.test(raw) is not False]
+                if not pending_rules:
+                    found.bodies_skipped += 1
+                    continue
+                try:
+                    body = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                found.bodies_read += 1
+            if body is None:
+                continue
             wanted = frozenset().union(*(stages_for[r.name] for r in pending_rules))
-            views = [(s["stage"], View(s)) for s in stages_of(bodies[row["id"]])
+            views = [(s["stage"], View(s)) for s in stages_of(body)
                      if s.get("stage") in wanted or s.get("stage") not in STAGES]
             for rule in pending_rules:
                 can = stages_for[rule.name]

@@ -99,3 +99,35 @@ def test_refusals_name_the_file_and_line(text, line, reason):
         rules.load([("bad.yaml", text)])
     assert str(refused.value).startswith(f"bad.yaml:{line}: ")
     assert reason in str(refused.value)
+
+
+def test_the_raw_line_never_rules_out_a_match():
+    """``RawLine``: a rule judged false on an event's raw JSON line is false on the parsed
+    event, for every trace line, every rule of the shipped, 0.6.0 and engine-v4 rules, and every
+    stage the engine tries; and the raw line does rule some out (else it would be useless)."""
+    from timelines.detections.condition import View
+    from timelines.detections.incident import RawView
+
+    sets = [rules.load(rules.default_files()),
+            rules.load([(p.name, p.read_text()) for p in (
+                FALCO / "rules" / "k8s_audit_rules-0.6.0.yaml",)]),
+            rules.load([(p.name, p.read_text()) for p in (
+                FALCO / "rules" / "engine_v4_k8s_audit_rules.yaml",)])]
+    ruled_out = 0
+    lines = []
+    for path in sorted(FALCO.glob("*.json")):
+        events, _ = engine.read_trace(path)
+        raw = path.read_bytes().splitlines()
+        if len(raw) != len(events):  # one event over several lines: as a log line holds it
+            raw = [json.dumps(e, separators=(",", ":")).encode() for e in events]
+        lines += [(path, line) for line in raw]
+    assert len(lines) > 45
+    for path, line in lines:
+        event = json.loads(line)
+        for ruleset in sets:
+            for rule in ruleset.active:
+                if rule.test(RawView(line)) is False:
+                    ruled_out += 1
+                    assert not any(rule.test(View(stage)) for stage in
+                                   engine.stages_of(event)), (path.name, rule.name)
+    assert ruled_out > 100

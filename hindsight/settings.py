@@ -126,6 +126,7 @@ INSTALLED_APPS = [
     "incidents",
     "timelines",
     "streams",
+    "timelines.detections",
 ]
 
 MIDDLEWARE = [

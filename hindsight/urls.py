@@ -35,6 +35,7 @@ from timelines.api import (
     incident_events_json,
     incident_figure,
 )
+from timelines.detections.views import rules_api
 from timelines.overview_api import incident_facets, incident_overview
 
 router = DefaultRouter()
@@ -78,6 +79,7 @@ urlpatterns = [
          name="incident-stats"),
     path("api/v1/incidents/<int:incident_pk>/stats/inflight/", stats_views.inflight_api,
          name="incident-stats-inflight"),
+    path("api/v1/rules/", rules_api, name="rules"),
     path("api/v1/incidents/<int:incident_pk>/insights/", insights_views.insights_api,
          name="incident-insights"),
     path("api/v1/incidents/<int:incident_pk>/insights/<int:number>/sequence/",

@@ -13,7 +13,7 @@ import django_filters
 from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import ProhibitNullCharactersValidator
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django_filters.fields import IsoDateTimeField
 
 from .models import Event
@@ -91,6 +91,18 @@ class IntAnyOf(AnyOf):
         super().__init__(*args, **kwargs)
 
 
+class DetectedBy(AnyOf):
+    """Requests that a Falco rule (``timelines.detections``) matched, by rule name."""
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        from .detections.models import DetectionEvent
+
+        return qs.filter(Exists(DetectionEvent.objects.filter(
+            incident_id=OuterRef("incident_id"), rule__in=value, event_id=OuterRef("id"))))
+
+
 class AllTextOf(django_filters.Filter):
     """Case-insensitive substring search over several text columns: an event matches a term when
     any of the columns contains it, and must match every term given."""
@@ -159,6 +171,7 @@ class EventFilterSet(django_filters.FilterSet):
     node = AnyOf()
     related = RelatedTo(help_text="resource/namespace/name (resource/name: cluster-scoped): "
                                   "the object and every object related to it")
+    detection = DetectedBy(help_text="requests a Falco rule matched (the rule's name)")
     q = AllTextOf(columns=("request_uri", "message", "name"),
                   help_text="text in requestURI, message or name (any case); repeated q all match")
     since = RFC3339Filter(field_name="received", lookup_expr="gte",

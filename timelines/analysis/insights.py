@@ -38,7 +38,8 @@ from ..models import BodyChunk, Event, IncidentInsights
 log = logging.getLogger(__name__)
 
 REQUEST_KINDS = ("list-without-resource-version", "slow-request", "deletion",
-                 "recreated-object", "error-burst", "conflicting-writers", "audit-coverage")
+                 "recreated-object", "error-burst", "conflicting-writers", "audit-coverage",
+                 "detection")
 SEVERITIES = ("critical", "warning", "info")
 MAX_EVENTS = 200  # event ids an insight carries
 MAX_LISTED = 50  # entries of an insight's lists of facts (deletes, recreations…)
@@ -505,8 +506,11 @@ def coverage_insights(rows: list[tuple[str, str, str, bool, int]]) -> list[dict]
 
 # --- all of them --------------------------------------------------------------------------------
 
-def steps(events: QuerySet, slow_ms: float = SLOW_MS) -> list[tuple[str, Callable[[], list]]]:
-    """(name, the function finding those insights) for every part of the computation."""
+def steps(events: QuerySet, slow_ms: float = SLOW_MS,
+          incident_id: int | None = None) -> list[tuple[str, Callable[[], list]]]:
+    """(name, the function finding those insights) for every part of the computation; the
+    Falco rules' detections (``timelines.detections``) when ``incident_id`` is given."""
+    from ..detections.incident import detections
     from . import deletions, findings  # which use the helpers above
 
     return [
@@ -520,6 +524,7 @@ def steps(events: QuerySet, slow_ms: float = SLOW_MS) -> list[tuple[str, Callabl
         ("conflicting-writers", lambda: writer_insights(writer_rows(events))),
         ("audit-coverage", lambda: coverage_insights(coverage_rows(events))),
         *findings.steps(events),
+        *((("detection", lambda: detections(incident_id)),) if incident_id is not None else ()),
     ]
 
 
@@ -536,7 +541,8 @@ def compute(incident_id: int, *, slow_ms: float = SLOW_MS,
     severity), each with its ``id``: its position in this list. ``timings``, when given, gets
     the seconds each step took."""
     found = []
-    for name, step in steps(Event.objects.filter(incident_id=incident_id), slow_ms):
+    for name, step in steps(Event.objects.filter(incident_id=incident_id), slow_ms,
+                            incident_id):
         started = time.perf_counter()
         found += step()
         if timings is not None:

@@ -19,8 +19,8 @@ from django.db.models import Q, QuerySet
 
 from incidents.notes import format_time
 
-from .findings import LOG_SLACK, MAX_LISTED, Problems, owner_of
-from .insights import MAX_BODIES, insight, plural, read_bodies, rfc3339
+from .common import MAX_BODIES, MAX_LISTED, insight, plural, read_bodies, rfc3339
+from .problems import LOG_SLACK, Problems, owner_of
 
 WORKLOADS = ("deployments", "statefulsets", "daemonsets", "replicasets")
 # node conditions of the kubelet: the status that is trouble, and how bad

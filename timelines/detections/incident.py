@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 from django.db import connection
 
-from ..analysis.insights import insight, read_bodies
+from ..analysis.common import insight, read_bodies
 from ..models import BodyChunk, Event
 from . import rules as rules_module
 from .condition import POSITIVE_TIME, UNKNOWN, RawLine, View

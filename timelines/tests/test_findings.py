@@ -21,7 +21,7 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 
 from incidents.models import Incident
-from timelines.analysis import findings, insights
+from timelines.analysis import common, findings, insights, problems
 from timelines.models import BodyChunk, Event
 
 _BUNDLES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "bundles"
@@ -178,15 +178,15 @@ def test_must_gather_events_make_one_finding_per_problem_and_owner(must_gather_f
             mine = [e for e in expected if (e["involvedObject"].get("namespace", ""),
                                             e["involvedObject"]["name"]) in {
                 (o["namespace"], o["name"]) for o in item["objects"]}]
-            assert item["capture"] == insights.rfc3339(capture)
+            assert item["capture"] == common.rfc3339(capture)
             assert item["age_s"] == (capture - parse_time(item["end"])).total_seconds()
             if not mine:
                 continue  # known from the objects' state alone
             spans = [times_of(e) for e in mine]
             assert {ids[e["metadata"]["uid"]] for e in mine} <= set(item["events"])
             if item["evidence"] == ["event"]:
-                assert item["start"] == insights.rfc3339(min(s for s, _ in spans))
-                assert item["end"] == insights.rfc3339(max(e for _, e in spans))
+                assert item["start"] == common.rfc3339(min(s for s, _ in spans))
+                assert item["end"] == common.rfc3339(max(e for _, e in spans))
             else:
                 assert parse_time(item["start"]) <= min(s for s, _ in spans)
                 assert parse_time(item["end"]) >= max(e for _, e in spans)
@@ -213,7 +213,7 @@ def test_must_gather_events_make_one_finding_per_problem_and_owner(must_gather_f
             e.get("count") or 1)
     over = {k: n for k, n in totals.items() if n > 20}
     repeated = of_kind(found, "repeated-event")
-    assert repeated and len(repeated) == min(len(over), insights.MAX_GROUPS)
+    assert repeated and len(repeated) == min(len(over), common.MAX_GROUPS)
     for item in repeated:
         key = (item["objects"][0]["namespace"], item["objects"][0]["name"], item["reason"])
         assert item["count"] == over[key]
@@ -257,8 +257,8 @@ def test_a_restart_known_from_backoff_events_links_the_container_error_lines_aro
     assert backoffs
     pod = backoffs[0]["involvedObject"]["name"]
     container = re.search(r"\{(.+)\}", backoffs[0]["involvedObject"]["fieldPath"]).group(1)
-    start = min(times_of(e)[0] for e in backoffs) - findings.LOG_SLACK
-    end = max(times_of(e)[1] for e in backoffs) + findings.LOG_SLACK
+    start = min(times_of(e)[0] for e in backoffs) - problems.LOG_SLACK
+    end = max(times_of(e)[1] for e in backoffs) + problems.LOG_SLACK
     # the container's own lines in that span that say an error (klog E, zap ERROR)
     errors = [line for n, d in files.items() if f"/{pod}/{container}/" in n
               for line in d.decode().splitlines()
@@ -309,7 +309,7 @@ def test_must_gather_pods_give_every_container_restart_at_its_finish(must_gather
     assert set(facts) == set(expected)
     for key, (finished, reason, code, restarts) in expected.items():
         fact = facts[key]
-        assert fact["finished"] == insights.rfc3339(finished), key
+        assert fact["finished"] == common.rfc3339(finished), key
         assert (fact["reason"], fact["exit_code"], fact["restarts"]) == (reason, code, restarts)
     ingress = [i for i in of_kind(found, "container-restarts")
                if i["owner"] == {"resource": "deployments", "name": "ingress-operator",
@@ -360,7 +360,7 @@ CAPTURE = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 
 def state(incident, n: int, reason: str, resource: str, name: str, at: datetime, *,
           namespace: str = "shop", **fields) -> Event:
-    annotations = {"capture": insights.rfc3339(CAPTURE), **fields.pop("annotations", {})}
+    annotations = {"capture": common.rfc3339(CAPTURE), **fields.pop("annotations", {})}
     return Event(incident=incident, kind="state", audit_id=f"state:{n}", received=at,
                  completed=fields.pop("completed", at), resource=resource, namespace=namespace,
                  name=name, reason=reason, annotations=annotations,
@@ -462,7 +462,7 @@ def states(incident) -> dict[str, Event]:
 def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     found = insights.compute(incident.pk)
     kinds = Counter(i["kind"] for i in found)
-    capture = insights.rfc3339(CAPTURE)
+    capture = common.rfc3339(CAPTURE)
 
     (crash,) = [i for i in of_kind(found, "container-restarts")
                 if i["owner"]["name"] == "web"]
@@ -471,13 +471,13 @@ def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
                                  "name": "web-7d9f8c6b5d-x2x4z"}]
     # the BackOff Event, the termination and the log line before it: one problem, one finding
     assert set(crash["events"]) == {states["crash"].pk, states["backoff"].pk, states["log"].pk}
-    assert crash["start"] == insights.rfc3339(states["crash"].received)
-    assert crash["end"] == insights.rfc3339(states["backoff"].completed)
+    assert crash["start"] == common.rfc3339(states["crash"].received)
+    assert crash["end"] == common.rfc3339(states["backoff"].completed)
     assert crash["capture"] == capture
     assert crash["age_s"] == (CAPTURE - states["backoff"].completed).total_seconds()
     (fact,) = crash["facts"]
     assert fact["reason"] == "Error" and fact["exit_code"] == 1 and fact["restarts"] == 5
-    assert fact["finished"] == insights.rfc3339(states["crash"].completed)
+    assert fact["finished"] == common.rfc3339(states["crash"].completed)
     assert fact["logs"] == [states["log"].pk]
     assert "1 of 1 pods Ready at capture" in crash["explanation"]
     assert "app in web-7d9f8c6b5d-x2x4z restarted 5 times" in crash["explanation"]
@@ -485,14 +485,14 @@ def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     (oom,) = of_kind(found, "oom-kill")
     assert oom["severity"] == "critical" and oom["owner"]["name"] == "web"
     assert oom["facts"][0]["exit_code"] == 137 and oom["facts"][0]["reason"] == "OOMKilled"
-    assert oom["end"] == insights.rfc3339(states["oom"].completed)
+    assert oom["end"] == common.rfc3339(states["oom"].completed)
 
     (loop,) = [i for i in of_kind(found, "container-restarts") if i["owner"]["name"] == "db"]
     assert loop["owner"]["resource"] == "statefulsets" and loop["reasons"] == {
         "CrashLoopBackOff": 1}
     (pending,) = of_kind(found, "unschedulable")
     assert "Insufficient cpu" in pending["explanation"] and pending["age_s"] == 0
-    assert pending["start"] == insights.rfc3339(states["pending"].received)
+    assert pending["start"] == common.rfc3339(states["pending"].received)
     assert of_kind(found, "stuck-terminating")[0]["objects"][0]["name"] == "old-1"
     (pull,) = of_kind(found, "image-pull")  # by cause
     assert pull["owner"]["name"] == "cache" and pull["reasons"] == {"image not found": 3}
@@ -500,16 +500,16 @@ def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     nodes = {i["objects"][0]["name"]: i for i in of_kind(found, "node-condition")}
     assert set(nodes) == {"n2", "n3"}  # n1 is Ready
     assert nodes["n2"]["severity"] == "critical"
-    assert nodes["n2"]["start"] == insights.rfc3339(states["node_down"].received)
+    assert nodes["n2"]["start"] == common.rfc3339(states["node_down"].received)
     assert "unexpected" in nodes["n2"]["explanation"]
     assert "planned" in nodes["n3"]["explanation"]  # a NodeNotSchedulable Event on it
 
     operators = of_kind(found, "operator-condition")
     (degraded,) = [i for i in operators if i["objects"][0]["name"] == "authentication"]
     assert degraded["severity"] == "warning" and degraded["facts"][0]["since"] == \
-        insights.rfc3339(states["degraded"].received)
+        common.rfc3339(states["degraded"].received)
     (upgrade,) = [i for i in operators if i["objects"][0]["resource"] == "clusterversions"]
-    assert upgrade["windows"][0]["end"] == insights.rfc3339(states["upgrade"].completed)
+    assert upgrade["windows"][0]["end"] == common.rfc3339(states["upgrade"].completed)
 
     workloads = of_kind(found, "workload-unavailable")
     replicas = [i for i in workloads if "desired" in i]

@@ -169,7 +169,9 @@ def incident_detail(request, pk):
         "timeline_colours": {**OUTCOME_COLOURS, **KIND_COLOURS},
         "gantt_group": request.GET.get("lanes", "object"),
         "gantt_colour": request.GET.get("colour", "verb"),
-        "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
+        # stored events: also of files whose analyses are still running (stage ready)
+        "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE
+                           or u.stage == Upload.Stage.READY),
     })
 
 
@@ -230,7 +232,8 @@ def _bundle_summary(bundle: Upload) -> dict:
     files = bundle.files.all()
     return {
         "by_status": sorted(Counter(files.values_list("status", flat=True)).items()),
-        "by_format": Counter(files.filter(status=Upload.Status.DONE)
+        "by_format": Counter(files.filter(Q(status=Upload.Status.DONE)
+                                          | Q(stage=Upload.Stage.READY))
                              .values_list("format", flat=True)).most_common(),
         "problems": list(files.exclude(status=Upload.Status.DONE)
                          .exclude(status__in=[Upload.Status.PENDING, Upload.Status.RUNNING])

@@ -23,9 +23,12 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+import uuid
 from collections.abc import Callable
+from datetime import timedelta
 
-from django.db import InterfaceError, OperationalError
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -96,7 +99,7 @@ def complete_incident(incident_id: int, *, cache: bool = True, again: bool = Fal
     ready = Upload.objects.filter(incident_id=incident_id, status=Upload.Status.RUNNING,
                                   stage=Upload.Stage.READY)
     ids = list(ready.values_list("pk", flat=True))
-    if not ids and not again:
+    if not again and (not ids or not _claim(ids)):
         return False
     analyses = list(registered().items())
     prepare_reads(incident_id)
@@ -120,6 +123,23 @@ def complete_incident(incident_id: int, *, cache: bool = True, again: bool = Fal
                           stage=Upload.Stage.READY).update(
         status=Upload.Status.DONE, stage=Upload.Stage.COMPLETE,
         analyses={"done": total, "total": total}, heartbeat_at=timezone.now())
+    return True
+
+
+def _claim(ids: list[int]) -> bool:
+    """Whether this run takes the analyses of these ready uploads: none is being analysed by
+    another run (``claimed_by`` a completion's, with a fresh heartbeat), so that the tasks of a
+    bundle's last files, finishing together, do not both run them. (``claimed_by`` of a ready
+    upload is no reader's any more: a reading claim needs stage ``reading``.)"""
+    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
+    ready = Upload.objects.filter(pk__in=ids, status=Upload.Status.RUNNING,
+                                  stage=Upload.Stage.READY)
+    with transaction.atomic():  # the rows locked: two runs claim one after the other
+        rows = list(ready.select_for_update().values_list("claimed_by", "heartbeat_at"))
+        if not rows or any(by.startswith("complete-") and beat and beat >= stale
+                           for by, beat in rows):
+            return False
+        ready.update(claimed_by=f"complete-{uuid.uuid4()}", heartbeat_at=timezone.now())
     return True
 
 

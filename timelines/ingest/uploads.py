@@ -82,7 +82,9 @@ def requeue_stale(enqueue: Callable[[int], None],
         waiting = Upload.objects.filter(status=Upload.Status.RUNNING, stage=Upload.Stage.READY,
                                         heartbeat_at__lt=stale)
         for incident_id in set(waiting.values_list("incident_id", flat=True)):
-            if waiting.filter(incident_id=incident_id).update(heartbeat_at=timezone.now()):
+            # its lost run's claim given up (analysis.registry._claim)
+            if waiting.filter(incident_id=incident_id).update(heartbeat_at=timezone.now(),
+                                                              claimed_by=""):
                 count += 1
                 complete(incident_id)
     # An unpacked bundle is not lost while its files are being ingested: its files are watched

@@ -131,6 +131,21 @@ def test_a_lost_completion_is_started_again_and_a_ready_upload_never_read_again(
     assert (upload.status, upload.stage) == ("running", "ready")
     assert upload.heartbeat_at > stale  # not started twice by the next sweep
     assert requeue_stale(ingested.append, completed.append) == 0
+    assert complete_incident(incident.pk)  # the lost run's claim was given up
+
+
+def test_analyses_under_way_are_not_run_twice(incident, demo_log, recorded, settings):
+    upload = ready_upload(incident, demo_log)
+    Upload.objects.filter(pk=upload.pk).update(claimed_by="complete-another-run",
+                                               heartbeat_at=timezone.now())
+
+    assert not complete_incident(incident.pk)
+    assert recorded == []
+
+    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS + 1)
+    Upload.objects.filter(pk=upload.pk).update(heartbeat_at=stale)  # that run died
+    assert complete_incident(incident.pk)
+    assert recorded == [(incident.pk, {("running", "ready")})]
 
 
 def test_the_incident_page_shows_the_analyses_behind_a_ready_upload(incident, demo_log, client,

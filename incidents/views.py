@@ -139,6 +139,8 @@ def incident_detail(request, pk):
         "incident": incident,
         "uploads": uploads,
         "any_running": any_running,
+        # the page polls these: being read, or analysed behind their first answer
+        "any_incomplete": any(not u.complete for u in uploads),
         "any_failed": any_failed,
         # while uploads run or have failed, the finished ones are folded away behind "show all"
         "fold_settled": (any_running or any_failed) and any(

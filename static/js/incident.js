@@ -65,7 +65,7 @@
       if (upload.message) set(row, "problems", upload.message);
       row.dataset.finished = "1";
       const hint = document.getElementById("reload-hint");
-      if (hint) hint.hidden = false;
+      if (hint && !row.dataset.ready) hint.hidden = false;  // (if ready, said so already)
       return;
     }
     setTimeout(() => poll(row), 1000);

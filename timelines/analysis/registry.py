@@ -99,7 +99,8 @@ def complete_incident(incident_id: int, *, cache: bool = True, again: bool = Fal
     ready = Upload.objects.filter(incident_id=incident_id, status=Upload.Status.RUNNING,
                                   stage=Upload.Stage.READY)
     ids = list(ready.values_list("pk", flat=True))
-    if not again and (not ids or not _claim(ids)):
+    run = f"{uuid.uuid4()}"
+    if not again and (not ids or not _claim(ids, run)):
         return False
     analyses = list(registered().items())
     prepare_reads(incident_id)
@@ -107,7 +108,7 @@ def complete_incident(incident_id: int, *, cache: bool = True, again: bool = Fal
     total = len(analyses)
     try:
         for done, (name, analysis) in enumerate(analyses):
-            _show(ids, {"done": done, "total": total, "running": name})
+            _show(ids, {"done": done, "total": total, "running": name, "run": run})
             started = time.monotonic()
             try:
                 analysis(incident_id)
@@ -126,20 +127,20 @@ def complete_incident(incident_id: int, *, cache: bool = True, again: bool = Fal
     return True
 
 
-def _claim(ids: list[int]) -> bool:
+def _claim(ids: list[int], run: str) -> bool:
     """Whether this run takes the analyses of these ready uploads: none is being analysed by
-    another run (``claimed_by`` a completion's, with a fresh heartbeat), so that the tasks of a
-    bundle's last files, finishing together, do not both run them. (``claimed_by`` of a ready
-    upload is no reader's any more: a reading claim needs stage ``reading``.)"""
+    another run (``analyses["run"]``, with a fresh heartbeat), so that the tasks of a bundle's
+    last files, finishing together, do not both run them."""
     stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
     ready = Upload.objects.filter(pk__in=ids, status=Upload.Status.RUNNING,
                                   stage=Upload.Stage.READY)
     with transaction.atomic():  # the rows locked: two runs claim one after the other
-        rows = list(ready.select_for_update().values_list("claimed_by", "heartbeat_at"))
-        if not rows or any(by.startswith("complete-") and beat and beat >= stale
-                           for by, beat in rows):
+        rows = list(ready.select_for_update().values_list("analyses", "heartbeat_at"))
+        if not rows or any((analyses or {}).get("run") and beat and beat >= stale
+                           for analyses, beat in rows):
             return False
-        ready.update(claimed_by=f"complete-{uuid.uuid4()}", heartbeat_at=timezone.now())
+        ready.update(analyses={"done": 0, "total": len(registered()), "run": run},
+                     heartbeat_at=timezone.now())
     return True
 
 

@@ -84,7 +84,7 @@ def requeue_stale(enqueue: Callable[[int], None],
         for incident_id in set(waiting.values_list("incident_id", flat=True)):
             # its lost run's claim given up (analysis.registry._claim)
             if waiting.filter(incident_id=incident_id).update(heartbeat_at=timezone.now(),
-                                                              claimed_by=""):
+                                                              analyses={}):
                 count += 1
                 complete(incident_id)
     # An unpacked bundle is not lost while its files are being ingested: its files are watched

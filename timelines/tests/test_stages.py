@@ -136,8 +136,9 @@ def test_a_lost_completion_is_started_again_and_a_ready_upload_never_read_again(
 
 def test_analyses_under_way_are_not_run_twice(incident, demo_log, recorded, settings):
     upload = ready_upload(incident, demo_log)
-    Upload.objects.filter(pk=upload.pk).update(claimed_by="complete-another-run",
-                                               heartbeat_at=timezone.now())
+    Upload.objects.filter(pk=upload.pk).update(
+        analyses={"done": 1, "total": 4, "running": "overview", "run": "another run"},
+        heartbeat_at=timezone.now())
 
     assert not complete_incident(incident.pk)
     assert recorded == []
@@ -158,3 +159,8 @@ def test_the_incident_page_shows_the_analyses_behind_a_ready_upload(incident, de
     page = client.get(incident.get_absolute_url()).content.decode()
 
     assert "ready; analysing 2/4 (insights)" in page
+    # its row is polled until complete, and known to be readable already
+    assert f'data-upload="{upload.pk}"' in page
+    row = page[page.index(f'data-upload="{upload.pk}"'):].split(">", 1)[0]
+    assert 'data-finished="0"' in row and 'data-ready="1"' in row
+    assert 'id="reload-hint"' in page

@@ -51,7 +51,12 @@ def ingest_upload_task(self, upload_id: int) -> None:
         fail_upload(upload_id, f"ingest failed: {_reason(exc)}")
         return
     if upload is not None and upload.finished:
-        complete_incident_task.delay(upload.incident_id)
+        try:
+            complete_incident_task.delay(upload.incident_id)
+        except Exception:  # the broker is away (a restart): the analyses here, now, instead
+            log.warning("could not queue the analyses of incident %s; running them here",
+                        upload.incident_id, exc_info=True)
+            complete_incident(upload.incident_id)
 
 
 @shared_task(soft_time_limit=1800, time_limit=1860, autoretry_for=TRANSIENT_ERRORS,

@@ -46,7 +46,7 @@ COPY --from=assets /assets/dist/plotly-timeline.min.js assets/dist/
 COPY --from=native /src/timelines/parsers/_auditscan.*.so timelines/parsers/
 # The code's bytecode, compiled once here: PYTHONDONTWRITEBYTECODE keeps processes from writing
 # it at run time, so without this every process would compile the project's modules again.
-RUN python -m compileall -q hindsight incidents timelines
+RUN python -m compileall -q hindsight incidents timelines streams
 
 USER hindsight
 

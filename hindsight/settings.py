@@ -125,6 +125,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI served by us, never from a CDN
     "incidents",
     "timelines",
+    "streams",
+    "timelines.detections",
 ]
 
 MIDDLEWARE = [
@@ -245,6 +247,14 @@ BULK_LOAD_MIN_BYTES = env_int("HINDSIGHT_BULK_LOAD_MIN_BYTES", 64 * 1024**2)
 REDACT = env_bool("HINDSIGHT_REDACT", True)
 REDACT_EXTRA_PATHS = env_list("HINDSIGHT_REDACT_PATHS")
 
+# Audit webhook streams (streams/): the largest batch taken (413 above it), and how many batches
+# one web process stores at once; a batch that waits STREAM_QUEUE_SECONDS for its turn answers
+# 429 with Retry-After (kube-apiserver backs off and sends it again).
+STREAM_MAX_BATCH_BYTES = env_int("HINDSIGHT_STREAM_MAX_BATCH_BYTES", 64 * 1024**2)
+STREAM_CONCURRENCY = env_int("HINDSIGHT_STREAM_CONCURRENCY", 4)
+STREAM_QUEUE_SECONDS = 2.0
+STREAM_RETRY_AFTER = 1
+
 # Celery. Without a broker the embedded default runs ingest in a thread of the same process.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
 CELERY_RESULT_BACKEND = None
@@ -266,6 +276,8 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-stale-uploads": {"task": "timelines.tasks.requeue_stale_uploads", "schedule": 60.0},
     # purges of deleted incidents that were lost (timelines.ingest.purge)
     "requeue-lost-purges": {"task": "timelines.tasks.requeue_lost_purges", "schedule": 300.0},
+    # audit webhook streams: slots past their retention emptied (streams.store.apply_retention)
+    "stream-retention": {"task": "streams.tasks.apply_stream_retention", "schedule": 300.0},
 }
 # A web process does at start what its first request would (hindsight/warmup.py), so that the
 # first request is as fast as the next ones.

@@ -13,6 +13,13 @@ from incidents.notes_api import (
     IncidentSequenceViewSet,
     SequenceViewSet,
 )
+from streams.api import (
+    StreamEventViewSet,
+    StreamIncidentViewSet,
+    StreamViewSet,
+    stream_figure,
+)
+from streams.receiver import receive_audit
 from timelines.analysis import (
     compare_views,
     history_views,
@@ -28,6 +35,7 @@ from timelines.api import (
     incident_events_json,
     incident_figure,
 )
+from timelines.detections.views import rules_api
 from timelines.overview_api import incident_facets, incident_overview
 
 router = DefaultRouter()
@@ -44,6 +52,10 @@ router.register(r"incidents/(?P<incident_pk>\d+)/sequences", IncidentSequenceVie
                 basename="incident-sequence")
 # sequences/{id}/export.md and export.json come from the router's format suffixes
 router.register("sequences", SequenceViewSet, basename="sequence")
+router.register("streams", StreamViewSet, basename="stream")
+router.register(r"streams/(?P<stream_pk>\d+)/events", StreamEventViewSet, basename="stream-event")
+router.register(r"streams/(?P<stream_pk>\d+)/incidents", StreamIncidentViewSet,
+                basename="stream-incident")
 
 
 def healthz(request):
@@ -67,6 +79,7 @@ urlpatterns = [
          name="incident-stats"),
     path("api/v1/incidents/<int:incident_pk>/stats/inflight/", stats_views.inflight_api,
          name="incident-stats-inflight"),
+    path("api/v1/rules/", rules_api, name="rules"),
     path("api/v1/incidents/<int:incident_pk>/insights/", insights_views.insights_api,
          name="incident-insights"),
     path("api/v1/incidents/<int:incident_pk>/insights/<int:number>/sequence/",
@@ -76,6 +89,8 @@ urlpatterns = [
          name="incident-compare"),
     path("api/v1/incidents/<int:incident_pk>/history/", history_views.history_api,
          name="incident-history"),
+    path("api/v1/incidents/<int:incident_pk>/related/", history_views.related_api,
+         name="incident-related"),
     path("incidents/<int:pk>/stats/", stats_views.stats_page, name="stats-page"),
     path("incidents/<int:pk>/pods/", pods_views.pods_page, name="pods-page"),
     path("incidents/<int:pk>/compare/", compare_views.compare_page, name="compare-page"),
@@ -85,6 +100,10 @@ urlpatterns = [
          name="incident-events-json"),
     path("api/v1/incidents/<int:incident_pk>/events/step/", incident_event_step,
          name="incident-event-step"),
+    # kube-apiserver's audit webhook (a plain view: no session, no DRF, its own token)
+    path("api/v1/streams/<int:stream_pk>/audit/", receive_audit, name="stream-audit"),
+    path("api/v1/streams/<int:stream_pk>/figure/", stream_figure, name="stream-figure"),
+    path("streams/", include("streams.urls")),
     path("api/v1/", include((router.urls, "api"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

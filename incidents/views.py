@@ -195,6 +195,21 @@ def _administration(user, incident: Incident) -> dict:
     }
 
 
+def _mark_detections(incident: Incident, events: list) -> None:
+    """``event.detections``: the Falco rules (``timelines.detections``) that matched each event
+    of the page, by name, in one query."""
+    from timelines.detections.models import DetectionEvent
+
+    rules: dict[int, list[str]] = {}
+    if events:
+        for event_id, rule in DetectionEvent.objects.filter(
+                incident_id=incident.pk, event_id__in=[e.pk for e in events]).order_by(
+                "rule").values_list("event_id", "rule"):
+            rules.setdefault(event_id, []).append(rule)
+    for event in events:
+        event.detections = rules.get(event.pk, [])
+
+
 def _events_table(request, incident: Incident) -> dict:
     """The context of the events table: a keyset page of the filtered events, the query of the
     next page, the filter errors, and the filters alone (for the export links)."""
@@ -216,6 +231,7 @@ def _events_table(request, incident: Incident) -> dict:
             next_after = query.urlencode()
     else:
         error = filterset.errors
+    _mark_detections(incident, events)
     filters = request.GET.copy()
     for name in VIEW_PARAMS:
         filters.pop(name, None)

@@ -18,4 +18,4 @@ scripts/assets.sh  # the plotly.js bundle of the incident page
 scripts/native.sh  # the C scanner of audit-log ingest
 # The project's bytecode, once: where PYTHONDONTWRITEBYTECODE is set, every process would
 # compile its modules again (0.15-0.2 s per `manage.py` start on the bench machine).
-.venv/bin/python -m compileall -q hindsight incidents timelines >/dev/null
+.venv/bin/python -m compileall -q hindsight incidents timelines streams >/dev/null

@@ -29,9 +29,12 @@ class NoVersion(Exception):
 
 
 def object_version(body: dict[str, Any] | None) -> dict[str, Any]:
-    """The object version an audit event holds; raises ``NoVersion`` with the reason."""
+    """The object version an audit event (or an object's snapshot) holds; raises ``NoVersion``
+    with the reason."""
     if body is None:
         raise NoVersion("the event's stored body is not available")
+    if "auditID" not in body and body.get("kind") not in (None, "Event") and _is_object(body):
+        return body  # an object's snapshot in a bundle (kind state): the object itself
     if body.get("kind") not in (None, "Event") or "auditID" not in body:
         raise NoVersion("only audit events hold object versions")
     for field in ("responseObject", "requestObject"):

@@ -38,7 +38,7 @@ VERB_COLOURS = {
 }
 OUTCOME_COLOURS = {"2xx": "#16a34a", "3xx": "#0891b2", "4xx": "#d97706", "5xx": "#dc2626",
                    "open": "#64748b", "other": "#94a3b8"}
-KIND_COLOURS = {"event": "#0ea5e9", "log": "#a3a3a3", "trace": "#f59e0b"}
+KIND_COLOURS = {"event": "#0ea5e9", "log": "#a3a3a3", "trace": "#f59e0b", "state": "#8b5cf6"}
 # (legend name, marker symbol, colour) of a successful mutation on an object lane
 MUTATIONS = {
     "create": ("created", "triangle-up", "#15803d"),

@@ -13,10 +13,11 @@ import django_filters
 from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import ProhibitNullCharactersValidator
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django_filters.fields import IsoDateTimeField
 
 from .models import Event
+from .related import parse_related, related_filter
 
 
 class ValueListField(forms.Field):
@@ -90,6 +91,18 @@ class IntAnyOf(AnyOf):
         super().__init__(*args, **kwargs)
 
 
+class DetectedBy(AnyOf):
+    """Requests that a Falco rule (``timelines.detections``) matched, by rule name."""
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        from .detections.models import DetectionEvent
+
+        return qs.filter(Exists(DetectionEvent.objects.filter(
+            incident_id=OuterRef("incident_id"), rule__in=value, event_id=OuterRef("id"))))
+
+
 class AllTextOf(django_filters.Filter):
     """Case-insensitive substring search over several text columns: an event matches a term when
     any of the columns contains it, and must match every term given."""
@@ -109,9 +122,33 @@ class AllTextOf(django_filters.Filter):
         return qs
 
 
+class RelatedKeysField(ValueListField):
+    """``R/N/X`` or ``R/X`` values as (resource, namespace, name); 400 for another shape."""
+
+    def to_python(self, value) -> list:
+        try:
+            return [parse_related(item) for item in super().to_python(value)]
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+
+
+class RelatedTo(django_filters.Filter):
+    """``related=R/N/X`` (``R/X`` for a cluster-scoped object): the object's events and those of
+    everything related to it (``timelines.related``); repeated, any of them."""
+
+    field_class = RelatedKeysField
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        # Relations are the incident's, whatever the other filters select.
+        base = self.parent.queryset if self.parent is not None else qs
+        return qs.filter(related_filter(base, value))
+
+
 class EventFilterSet(django_filters.FilterSet):
     id = IntAnyOf(help_text="event ids (an insight's evidence)")
-    kind = AnyOf(help_text="audit, event, log or trace")
+    kind = AnyOf(help_text="audit, event, log, trace or state")
     resource = AnyOf(help_text="objectRef.resource, whatever the subresource")
     subresource = AnyOf()
     name = AnyOf()
@@ -132,6 +169,9 @@ class EventFilterSet(django_filters.FilterSet):
     severity = AnyOf()
     component = AnyOf()
     node = AnyOf()
+    related = RelatedTo(help_text="resource/namespace/name (resource/name: cluster-scoped): "
+                                  "the object and every object related to it")
+    detection = DetectedBy(help_text="requests a Falco rule matched (the rule's name)")
     q = AllTextOf(columns=("request_uri", "message", "name"),
                   help_text="text in requestURI, message or name (any case); repeated q all match")
     since = RFC3339Filter(field_name="received", lookup_expr="gte",

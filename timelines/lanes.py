@@ -16,10 +16,7 @@ name longer than ``LABEL_CHARS`` is shortened in the middle for its tick label
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .figures import Bar, Span
+from typing import Protocol
 
 # grouping (the API's ``lanes`` parameter) → its label on the page
 GROUPS = {"object": "object", "actor": "actor", "user_agent": "user agent",
@@ -42,7 +39,20 @@ LANE_SQL = {
 }
 
 
-def lane_of(span: Span | Bar, group: str) -> str:
+class Laned(Protocol):
+    """What names a lane: the fields of ``figures.Span`` and ``figures.Bar`` that lanes read
+    (a protocol, so that the rule of lanes does not import the figures that use it)."""
+
+    kind: str
+    resource: str
+    namespace: str
+    name: str
+    user: str
+    user_agent: str
+    source: str
+
+
+def lane_of(span: Laned, group: str) -> str:
     """The lane of a span or bar in a grouping."""
     return lane_name(group, span.kind, span.resource, span.namespace, span.name, span.user,
                      span.user_agent, span.source)

@@ -58,6 +58,7 @@ class Event(models.Model):
         EVENT = "event"
         LOG = "log"
         TRACE = "trace"
+        STATE = "state"  # a time point of an object's state, or its snapshot at capture
 
     # No database-level foreign keys on the hot table: a per-row RI check would cost ingest speed
     # and a deleted incident's events are purged in bulk (``timelines.ingest.purge``).

@@ -35,20 +35,24 @@ def ingest_upload_task(self, upload_id: int) -> None:
     the upload: a file that kills its worker every time (out of memory) must not loop."""
     if uploads.lost_too_often(upload_id, self.request.id):
         return
+    failure = None
     try:
         upload = ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn,
                                complete=False)
     except SoftTimeLimitExceeded:
-        fail_upload(upload_id, f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
-                               "and was stopped; the events stored so far are kept")
-        return
+        failure = (f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
+                   "and was stopped; the events stored so far are kept")
     except TRANSIENT_ERRORS as exc:
         if self.request.retries >= self.max_retries:
             fail_upload(upload_id, f"database unavailable after {self.max_retries} retries: {exc}")
         raise
     except Exception as exc:  # anything else is not transient: the upload's outcome, not a retry
         log.exception("ingest of upload %s failed", upload_id)
-        fail_upload(upload_id, f"ingest failed: {_reason(exc)}")
+        failure = f"ingest failed: {_reason(exc)}"
+    if failure is not None:
+        # Out of the except block: the exception's frames, and whatever they still hold open,
+        # are released before the upload's files are removed and its outcome written.
+        fail_upload(upload_id, failure)
         return
     if upload is not None and upload.finished:
         try:
@@ -123,28 +127,7 @@ def requeue_lost_purges() -> int:
     """Queue again the purges of deleted incidents still listed ``purge.LOST_AFTER`` after they
     were queued (a lost message, a dead worker, retries exhausted); returns how many. Reads only
     the few rows of ``IncidentPurge``."""
-    return purge.requeue_lost(enqueue_purge)
-
-
-def enqueue_purge(incident_id: int) -> None:
-    """Purge a deleted incident's evidence once the current transaction commits: on a Celery
-    worker when a broker is configured, else in a thread of this process."""
-    if settings.CELERY_BROKER_URL:
-        purge_incident_task.delay_on_commit(incident_id)
-        return
-    transaction.on_commit(lambda: _start_purge_thread(incident_id))
-
-
-def _start_purge_thread(incident_id: int) -> None:
-    def run() -> None:
-        try:
-            purge.purge_incident(incident_id)
-        except Exception:  # the IncidentPurge row stays: requeue_lost_purges runs it again
-            log.exception("purge of incident %s failed", incident_id)
-        finally:
-            connection.close()
-
-    threading.Thread(target=run, name=f"purge-{incident_id}", daemon=True).start()
+    return purge.requeue_lost(purge.enqueue_purge)
 
 
 def enqueue_ingest(upload_id: int) -> None:
@@ -177,11 +160,15 @@ def enqueue_complete(incident_id: int) -> None:
 def _start_thread(upload_id: int) -> None:
     def run() -> None:
         try:
-            # the first answer once ready, then the analyses in this same thread
-            ingest_upload(upload_id)
-        except Exception:  # the row says failed (unless it was ready); the log says why
-            log.exception("ingest of upload %s failed", upload_id)
-            fail_upload(upload_id, "ingest failed unexpectedly; see the server log")
+            failed = False
+            try:
+                # the first answer once ready, then the analyses in this same thread
+                ingest_upload(upload_id)
+            except Exception:  # the row says failed (unless it was ready); the log says why
+                log.exception("ingest of upload %s failed", upload_id)
+                failed = True
+            if failed:  # out of the except block, as in ingest_upload_task
+                fail_upload(upload_id, "ingest failed unexpectedly; see the server log")
         finally:
             connection.close()
 

@@ -49,7 +49,45 @@
     $("detail-body").textContent = event.body === null || event.body === undefined
       ? "(no stored event)" : JSON.stringify(event.body, null, 2);
     $("detail-diff").hidden = true;
+    drawRelated(event);
     drawVersions(event);
+  }
+
+  // The objects related to the event's object (GET .../related/, from bundle snapshots): owners,
+  // what it owns, its node, claims, volumes, Services, Endpoints and pods; each one a link to its
+  // events, and one link to select them all with the object (the related=R/N/X filter).
+  async function drawRelated(event) {
+    const section = $("detail-related");
+    const list = $("related-list");
+    list.replaceChildren();
+    section.hidden = !(event.resource && event.name);
+    if (section.hidden) return;
+    $("related-status").textContent = "loading…";
+    const params = new URLSearchParams({resource: event.resource, name: event.name});
+    if (event.namespace) params.set("namespace", event.namespace);
+    let answer;
+    try {
+      answer = await getJSON(options.eventsUrl.replace(/events\/$/, "related/") + "?" +
+                             params.toString());
+    } catch (err) {
+      if (shown === event) $("related-status").textContent = "could not load: " + err.message;
+      return;
+    }
+    if (shown !== event) return;
+    if (!answer.related.length) {
+      $("related-status").textContent = "No related objects known (they come from snapshots).";
+      return;
+    }
+    const key = [event.resource, event.namespace, event.name].filter(Boolean).join("/");
+    $("related-status").replaceChildren(el("a", {id: "link-related", href: options.linkFor(
+      {related: key}, event.id)}, "this object with the " + answer.related.length +
+      " related to it"));
+    for (const other of answer.related) {
+      const label = [other.resource, other.namespace, other.name].filter(Boolean).join("/");
+      list.append(el("li", {dataset: {relation: other.relation}}, other.relation + ": ",
+        el("a", {href: options.linkFor({resource: other.resource, namespace: other.namespace,
+                                        name: other.name}, event.id)}, label)));
+    }
   }
 
   function hide() {
@@ -92,16 +130,24 @@
     const params = new URLSearchParams({kind: "audit", resource: event.resource,
                                         name: event.name, page_size: VERSIONS_SHOWN});
     if (event.namespace) params.set("namespace", event.namespace);
-    let page;
+    // an object's snapshots in bundles are versions too (kind state, reason Snapshot)
+    const snapshots = new URLSearchParams(params);
+    snapshots.set("kind", "state");
+    snapshots.set("reason", "Snapshot");
+    let page, taken;
     try {
-      page = await getJSON(options.eventsUrl + "?" + params.toString());
+      [page, taken] = await Promise.all([
+        getJSON(options.eventsUrl + "?" + params.toString()),
+        getJSON(options.eventsUrl + "?" + snapshots.toString())]);
     } catch (err) {
       if (shown === event) $("versions-status").textContent = "could not load: " + err.message;
       return;
     }
     if (shown !== event) return;
     // an empty namespace filter matches every namespace: keep this object's only
-    const versions = page.results.filter((v) => v.namespace === event.namespace);
+    const versions = page.results.concat(taken.results)
+      .filter((v) => v.namespace === event.namespace)
+      .sort((a, b) => (a.received < b.received ? -1 : a.received > b.received ? 1 : a.id - b.id));
     $("versions-status").textContent = versions.length <= 1
       ? "No other requests on this object."
       : versions.length + " requests on this object" + (page.next ? " (the first " +
@@ -118,7 +164,7 @@
                                 e.preventDefault();
                                 options.onSelect(version.id);
                               }}, versionTime(version, event))),
-        el("td", {}, version.verb), el("td", {}, version.user),
+        el("td", {}, version.verb || version.reason), el("td", {}, version.user),
         el("td", {}, formatValue(version.code)), el("td", {}, version.level),
         el("td", {}, action)));
     }

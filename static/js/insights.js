@@ -35,8 +35,8 @@ document.addEventListener("DOMContentLoaded", () => {
       for (const name of FILTERS) {
         for (const value of (insight.filters[name] || [])) query.append(name, value);
       }
-      if (insight.since) query.set("since", insight.since);
-      if (insight.until) query.set("until", insight.until);
+      if (insight.since || insight.start) query.set("since", insight.since || insight.start);
+      if (insight.until || insight.end) query.set("until", insight.until || insight.end);
       label = "show its " + (insight.event_count || ids.length) + " events (by filter)";
     } else {
       return null;
@@ -61,6 +61,27 @@ document.addEventListener("DOMContentLoaded", () => {
           el("td", {}, r.resource || "(non-resource)"),
           el("td", {}, Object.entries(r.levels).map(([k, v]) => k + " " + v).join(", ")),
           el("td", {}, r.writes ? r.writes_without_body + " of " + r.writes : "—"))))));
+    }
+    // findings on bundles: what they are about, and each termination or condition
+    if (insight.objects && insight.objects.length) {
+      lines.push(el("p", {class: "hint"}, insight.objects.slice(0, 20).map((o) =>
+        o.resource + "/" + (o.namespace ? o.namespace + "/" : "") + o.name).join(", ") +
+        (insight.objects.length > 20 ? " …" : "")));
+    }
+    const facts = insight.facts || [];
+    if (facts.length && facts[0].container !== undefined) {
+      lines.push(el("table", {class: "grid compact"},
+        el("thead", {}, el("tr", {}, ...["pod", "container", "started", "finished", "reason",
+                                         "exit code", "restarts"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, facts.map((f) => el("tr", {}, ...[f.pod, f.container, f.started,
+          f.finished, f.reason, f.exit_code, f.restarts].map((v) => el("td", {},
+            v === null || v === undefined ? "—" : String(v))))))));
+    } else if (facts.length && facts[0].condition !== undefined) {
+      lines.push(el("table", {class: "grid compact"},
+        el("thead", {}, el("tr", {}, ...["condition", "status", "since", "message"].map(
+          (h) => el("th", {}, h)))),
+        el("tbody", {}, facts.map((f) => el("tr", {}, ...[f.condition, f.status, f.since,
+          f.message].map((v) => el("td", {}, v || "—")))))));
     }
     return lines.length ? el("details", {class: "insight-more"}, el("summary", {}, "details"),
       ...lines) : null;
@@ -115,6 +136,8 @@ document.addEventListener("DOMContentLoaded", () => {
       .map((s) => counts[s] + " " + s).join(" · ") + ":" : "no findings (open to see what was checked)";
     top.replaceChildren(...found.slice(0, SHOWN_ON_THE_LINE).map((item) => el(
       "span", {class: "insight-chip severity-" + item.severity}, item.title)));
+    // a link to the page's #insights (the demo's) opens on the findings
+    if (window.location.hash === "#insights" && found.length) panel.open = true;
   }
 
   // the list lies over the page: Escape or a click elsewhere closes it

@@ -5,7 +5,10 @@ the timeline by eye, computed from the stored events.
   in flight over time (``GET /api/v1/incidents/{id}/stats/``, the statistics page);
 - ``insights``: findings computed once per data version and stored (LISTs served from etcd,
   slow requests, deletions, re-created objects, error bursts, conflicting writers, audit
-  coverage; ``GET /api/v1/incidents/{id}/insights/``, the incident page's insights panel);
+  coverage; on bundles, with ``findings`` and ``states``: crashed containers, OOM kills,
+  unschedulable pods, failing mounts, probes and image pulls, bad node, operator and workload
+  conditions, repeated and bursting Events, error log lines; ``GET
+  /api/v1/incidents/{id}/insights/``, the incident page's insights panel);
 - ``pods``: each pod's created, scheduled, started, ready, finished and deleted times
   (``GET /api/v1/incidents/{id}/pods/``, the pod phases page);
 - ``compare``: two runs aligned on an anchor event, their steps matched in order

@@ -29,7 +29,7 @@ from django.db.models.functions import Collate, FirstValue, Lag
 
 from incidents.notes import format_duration, format_time
 
-from .insights import (
+from .common import (
     MAX_BODIES,
     MAX_EVENTS,
     MAX_GROUPS,

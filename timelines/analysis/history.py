@@ -132,7 +132,8 @@ def object_history(events: QuerySet, key: ObjectKey, *, limit: int = MAX_EVENTS,
     answer = []
     for row in rows:
         note = notes.get(row["id"])
-        holds = row["kind"] == Event.Kind.AUDIT and note is None
+        holds = (row["kind"] == Event.Kind.AUDIT and note is None
+                 or row["kind"] == Event.Kind.STATE and row["reason"] == "Snapshot")
         answer.append({
             "id": row["id"], "kind": row["kind"],
             "received": row["received"].isoformat().replace("+00:00", "Z"),

@@ -15,6 +15,7 @@ from incidents.access import get_visible_incident
 from ..aggregate import requests_only
 from ..models import Event
 from ..queries import BadQuery
+from ..related import related_objects
 from . import filtered
 from .history import ObjectKey, object_history, object_of
 
@@ -101,3 +102,33 @@ def history_page(request, pk: int):
     """The object history page: the list comes from ``history_api`` (static/js/history.js)."""
     incident = get_visible_incident(request.user, pk)
     return render(request, "analysis/history.html", {"incident": incident})
+
+
+_OBJECT = {"type": "object", "properties": {
+    "resource": {"type": "string"}, "namespace": {"type": "string"}, "name": {"type": "string"}}}
+
+
+@extend_schema(
+    parameters=[OpenApiParameter("event", int, description="the object of this event"),
+                OpenApiParameter("resource", str, description="with name, instead of event"),
+                OpenApiParameter("namespace", str, description="empty: cluster-scoped"),
+                OpenApiParameter("name", str)],
+    responses=OpenApiResponse({"type": "object", "properties": {
+        "object": {"type": "object", "properties": {
+            **_OBJECT["properties"], "uid": {"type": "string"}}},
+        "related": {"type": "array", "items": {"type": "object", "properties": {
+            **_OBJECT["properties"], "relation": {"type": "string", "description": (
+                "owner, owned, node, claim, volume, service, endpoints, pod")}}}}}},
+        "the objects related to the object"))
+@api_view(["GET"])
+def related_api(request, incident_pk: int):
+    """The objects related to one object of the incident (``timelines.related``), from its
+    snapshots: ``?resource=&namespace=&name=`` (or ``?event=<id>``) →
+    ``{"object": {"resource", "namespace", "name", "uid"}, "related": [{"resource",
+    "namespace", "name", "relation"}]}``. Its owners up the chain, what it owns down the chain,
+    and for it and what it owns: node, claims and their volumes, Services, Endpoints, pods. The
+    events filter ``related=R/N/X`` selects the same objects."""
+    incident = get_visible_incident(request.user, incident_pk)
+    key = object_key(incident, request.query_params)
+    events = Event.objects.filter(incident=incident)
+    return Response(related_objects(events, (key.resource, key.namespace, key.name)))

@@ -20,10 +20,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
-import orjson
 from django.db import IntegrityError, InterfaceError, OperationalError
 from django.db.models import Case, Count, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import Trunc
@@ -33,15 +32,27 @@ from incidents.models import IncidentGone, writing
 from incidents.notes import format_duration, format_time
 
 from ..aggregate import data_version
-from ..models import BodyChunk, Event, IncidentInsights
+from ..detections.incident import detections
+from ..models import Event, IncidentInsights
+from . import deletions, findings
+from .common import (
+    MAX_EVENTS,
+    MAX_GROUPS,
+    STATUS_OK,
+    find_bursts,
+    insight,
+    object_label,
+    plural,
+    requests_of,
+    rfc3339,
+)
 
 log = logging.getLogger(__name__)
 
-KINDS = ("list-without-resource-version", "slow-request", "deletion", "recreated-object",
-         "error-burst", "conflicting-writers", "audit-coverage")
+REQUEST_KINDS = ("list-without-resource-version", "slow-request", "deletion",
+                 "recreated-object", "error-burst", "conflicting-writers", "audit-coverage",
+                 "detection")
 SEVERITIES = ("critical", "warning", "info")
-MAX_EVENTS = 200  # event ids an insight carries
-MAX_LISTED = 50  # entries of an insight's lists of facts (deletes, recreations…)
 SLOW_MS = 1000.0  # a request slower than this is a slow request
 SLOW_CRITICAL_MS = 10_000.0
 MAX_SLOW = 25  # slow requests told one by one (the rest in one more insight)
@@ -51,86 +62,10 @@ TRACE_SLACK = timedelta(seconds=2)  # a trace starts this close to its request's
 MAX_ACTORS = 10  # actors listed for LISTs served from etcd
 ETCD_LIST_WARNING = 100  # LISTs of one actor from etcd that make a warning (or ETCD_MS_WARNING)
 ETCD_MS_WARNING = 10_000.0
-MAX_GROUPS = 30  # deletion groups, recreated objects, finalizer removals
-MAX_BODIES = 2000  # bodies read for one kind
-BURST_MIN = 10  # errors of one category in a minute that may be a burst
-BURST_FACTOR = 5  # …when this many times the category's mean rate over the incident
-BURST_SPAN = timedelta(minutes=10)  # below this span every concentration of errors counts
-MAX_BURSTS = 20
 MAX_OBJECTS = 60  # objects with several writers looked at (the most written)
 MIN_SWITCHES = 2  # A, B, A: two changes of writer
 WRITE_VERBS = ("create", "update", "patch", "delete")
 RESOURCE_VERSION_SET = r"[?&]resourceVersion=[^&]"
-STATUS_OK = Q(code__gte=200, code__lt=300)
-
-
-def insight(kind: str, title: str, severity: str, explanation: str, events: Iterable[int],
-            *, event_count: int | None = None, **extra) -> dict:
-    ids = list(dict.fromkeys(events))
-    return {"kind": kind, "title": title, "severity": severity, "explanation": explanation,
-            "events": ids[:MAX_EVENTS],
-            "event_count": len(ids) if event_count is None else event_count, **extra}
-
-
-def rfc3339(when: datetime | None) -> str | None:
-    return format_time(when) if when is not None else None
-
-
-def object_label(resource: str, namespace: str, name: str, subresource: str = "") -> str:
-    what = resource + (f"/{subresource}" if subresource else "")
-    return " ".join(p for p in (what, "/".join(p for p in (namespace, name) if p)) if p)
-
-
-def ms(delta: timedelta) -> float:
-    return delta / timedelta(milliseconds=1)
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count:,} {word}{'' if count == 1 else 's'}"
-
-
-def count_of(count: int, resource: str) -> str:
-    """``3 configmaps``, ``1 configmap``, ``1 networkpolicy`` (resources are plural)."""
-    if not resource:
-        return plural(count, "object")
-    if count != 1:
-        return f"{count:,} {resource}"
-    for ending, singular in (("ies", "y"), ("sses", "ss"), ("xes", "x"), ("s", "")):
-        if resource.endswith(ending):
-            return f"1 {resource[:-len(ending)] + singular}"
-    return f"1 {resource}"
-
-
-def requests_of(events: QuerySet) -> QuerySet:
-    return events.filter(kind=Event.Kind.AUDIT)
-
-
-def read_bodies(rows: Iterable[dict]) -> dict[int, dict]:
-    """The stored bodies of ``rows`` (dicts with ``id``, ``body_chunk``, ``body_index``) by
-    event id, reading each chunk once (in batches of chunks), whatever the number of events."""
-    wanted: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for row in rows:
-        if row.get("body_chunk") is not None:
-            wanted[row["body_chunk"]].append((row["id"], row["body_index"]))
-    bodies: dict[int, dict] = {}
-    chunk_ids = sorted(wanted)
-    for start in range(0, len(chunk_ids), 200):
-        for chunk in BodyChunk.objects.filter(pk__in=chunk_ids[start:start + 200]).only("data"):
-            lines = chunk.lines()
-            for event_id, index in wanted[chunk.pk]:
-                if index < len(lines):
-                    try:
-                        bodies[event_id] = orjson.loads(lines[index])
-                    except orjson.JSONDecodeError:
-                        continue
-    return bodies
-
-
-def metadata_of(body: dict | None, side: str) -> dict:
-    obj = (body or {}).get(side)
-    if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
-        return obj["metadata"]
-    return {}
 
 
 # --- list-without-resource-version ------------------------------------------------------------
@@ -315,40 +250,6 @@ def error_minutes(events: QuerySet) -> tuple[list[tuple[str, datetime, int]], da
     return list(rows), bounds["first"], bounds["last"]
 
 
-def find_bursts(minutes: list[tuple[str, datetime, int]], first: datetime | None,
-                last: datetime | None) -> list[dict]:
-    """Runs of consecutive minutes in which one category's errors reach BURST_MIN and
-    BURST_FACTOR times its mean rate over the incident (any concentration when the incident
-    spans less than BURST_SPAN): ``category``, ``start``, ``end`` (the minute after),
-    ``count``, the busiest first."""
-    if first is None:
-        return []
-    span_minutes = max(1.0, (last - first) / timedelta(minutes=1))
-    totals = Counter()
-    for category, _, n in minutes:
-        totals[category] += n
-    bursts = []
-    by_category = defaultdict(list)
-    for category, minute, n in minutes:
-        by_category[category].append((minute, n))
-    for category, rows in by_category.items():
-        baseline = totals[category] / span_minutes if last - first >= BURST_SPAN else 0.0
-        current = None
-        for minute, n in sorted(rows):
-            if n < BURST_MIN or n < BURST_FACTOR * baseline:
-                current = None
-                continue
-            if current and current["end"] == minute:
-                current["end"] = minute + timedelta(minutes=1)
-                current["count"] += n
-            else:
-                current = {"category": category, "start": minute,
-                           "end": minute + timedelta(minutes=1), "count": n,
-                           "baseline": baseline}
-                bursts.append(current)
-    return sorted(bursts, key=lambda b: (-b["count"], b["start"]))[:MAX_BURSTS]
-
-
 def burst_details(events: QuerySet, bursts: list[dict]) -> list[dict]:
     """Each burst with its errors (``ids``, at most MAX_EVENTS), ``codes``, and its top
     ``users`` and ``resources``."""
@@ -505,10 +406,10 @@ def coverage_insights(rows: list[tuple[str, str, str, bool, int]]) -> list[dict]
 
 # --- all of them --------------------------------------------------------------------------------
 
-def steps(events: QuerySet, slow_ms: float = SLOW_MS) -> list[tuple[str, Callable[[], list]]]:
-    """(name, the function finding those insights) for every part of the computation."""
-    from . import deletions  # which uses the helpers above
-
+def steps(events: QuerySet, slow_ms: float = SLOW_MS,
+          incident_id: int | None = None) -> list[tuple[str, Callable[[], list]]]:
+    """(name, the function finding those insights) for every part of the computation; the
+    Falco rules' detections (``timelines.detections``) when ``incident_id`` is given."""
     return [
         ("list-without-resource-version", lambda: etcd_list_insights(etcd_list_rows(events))),
         ("slow-request", lambda: slow_insights(*slow_rows(events, slow_ms),
@@ -519,21 +420,30 @@ def steps(events: QuerySet, slow_ms: float = SLOW_MS) -> list[tuple[str, Callabl
             burst_details(events, find_bursts(*error_minutes(events))))),
         ("conflicting-writers", lambda: writer_insights(writer_rows(events))),
         ("audit-coverage", lambda: coverage_insights(coverage_rows(events))),
+        *findings.steps(events),
+        *((("detection", lambda: detections(incident_id)),) if incident_id is not None else ()),
     ]
+
+
+def kinds_in_order() -> tuple[str, ...]:
+    """Every kind: those of requests, then those of bundles (``findings.KINDS``)."""
+    return REQUEST_KINDS + findings.KINDS
 
 
 def compute(incident_id: int, *, slow_ms: float = SLOW_MS,
             timings: dict[str, float] | None = None) -> list[dict]:
-    """Every insight of the incident, the most severe first (kinds in KINDS order within a
+    """Every insight of the incident, the most severe first (kinds in ``kinds_in_order`` within a
     severity), each with its ``id``: its position in this list. ``timings``, when given, gets
     the seconds each step took."""
     found = []
-    for name, step in steps(Event.objects.filter(incident_id=incident_id), slow_ms):
+    for name, step in steps(Event.objects.filter(incident_id=incident_id), slow_ms,
+                            incident_id):
         started = time.perf_counter()
         found += step()
         if timings is not None:
             timings[name] = time.perf_counter() - started
-    found.sort(key=lambda i: (SEVERITIES.index(i["severity"]), KINDS.index(i["kind"])))
+    kinds = kinds_in_order()
+    found.sort(key=lambda i: (SEVERITIES.index(i["severity"]), kinds.index(i["kind"])))
     for number, item in enumerate(found):
         item["id"] = number
     return found

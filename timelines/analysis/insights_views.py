@@ -6,7 +6,12 @@ from __future__ import annotations
 import orjson
 from django.http import Http404, HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -24,7 +29,9 @@ from . import insights
 READ_ONLY = "You may read this incident but not change it."
 
 
-def _answer(found: list[dict], row) -> HttpResponse:
+def _answer(found: list[dict], row, kinds: list[str] | None = None) -> HttpResponse:
+    if kinds:
+        found = [item for item in found if item["kind"] in kinds]
     response = HttpResponse(orjson.dumps(found), content_type="application/json")
     if row is not None:
         response["X-Insights-Version"] = row.version
@@ -40,8 +47,16 @@ def _answer(found: list[dict], row) -> HttpResponse:
         "\"severity\", \"explanation\", \"events\": [event ids], \"event_count\", …}]`, the "
         "most severe first. Kinds: `list-without-resource-version`, `slow-request`, "
         "`deletion`, `recreated-object`, `error-burst`, `conflicting-writers`, "
-        "`audit-coverage`. `POST` (writers): compute them again now."),
+        "`audit-coverage`, `detection` (a Falco rule's matches on one object, with `rule`, "
+        "`priority`, `output`, `source`, `tags`); on bundles `container-restarts`, `oom-kill`, "
+        "`unschedulable`, `mount-failure`, `probe-failure`, `image-pull`, `sandbox-failure`, "
+        "`eviction`, `stuck-pending`, `stuck-terminating`, `node-condition`, `operator-condition`, "
+        "`workload-unavailable`, `repeated-event`, `warning-burst`, `log-errors`, each with "
+        "`start`/`end` (RFC 3339), `objects` ([{\"resource\", \"namespace\", \"name\"}]), "
+        "`capture` and `age_s`. `kind` (repeated ORs) keeps those kinds. "
+        "`POST` (writers): compute them again now."),
     request=None,
+    parameters=[OpenApiParameter("kind", str, many=True, description="keep these kinds only")],
     responses={200: OpenApiResponse({"type": "array", "items": {
         "type": "object", "required": ["kind", "title", "severity", "events"], "properties": {
             "id": {"type": "integer"}, "kind": {"type": "string"},
@@ -58,8 +73,8 @@ def insights_api(request, incident_pk: int):
             raise PermissionDenied(READ_ONLY)
         row = insights.refresh(incident.pk)
         if row is not None:
-            return _answer(row.insights, row)
-    return _answer(*insights.current(incident.pk))
+            return _answer(row.insights, row, request.query_params.getlist("kind"))
+    return _answer(*insights.current(incident.pk), request.query_params.getlist("kind"))
 
 
 @extend_schema(

@@ -15,14 +15,17 @@ pods (``assemble``):
   scheduled, ready; the first ``startedAt`` of any container → started; the last ``finishedAt``
   once every container has terminated → finished; ``restartCount``; an object's
   ``metadata.creationTimestamp`` → created when no create request was logged;
+- **state rows** of bundles (a snapshot and its time points): ``Created``, ``DeletionRequested``,
+  ``PodScheduled=True``, ``Ready=True``, container starts, the node and the restart counts;
 - **Kubernetes Events** about the pod: ``Scheduled`` (its node from the message), ``Started``
   (first) → scheduled, started; ``Killing`` or ``Evicted`` → finished when no status says;
   Warning Events are counted; the ``SuccessfulCreate``/``SuccessfulDelete`` Events of its
   controller (``Created pod: <name>``) → created, deleted.
 
 Where several say when the same thing happened, a request wins over a status write, which wins
-over an object's metadata, which wins over an Event (``RANK``): request times are to the
-microsecond on the apiserver's clock, the others to the second (an Event's ``eventTime`` excepted).
+over an object's metadata, which wins over an Event, which wins over a bundle's state row
+(``RANK``): request times are to the microsecond on the apiserver's clock, the others to the
+second (an Event's ``eventTime`` excepted); a snapshot only fills what the rest leaves out.
 Among equals the earliest counts (the last for ``finished``). A name used again (a StatefulSet's
 pod deleted and made anew) is a new pod when its UID differs or, without UIDs, when a second create
 request comes or the pod was deleted before.
@@ -46,7 +49,7 @@ PHASES = (("created_to_scheduled_ms", "created", "scheduled"),
           ("started_to_ready_ms", "started", "ready"),
           ("created_to_ready_ms", "created", "ready"))
 # Precedence of evidence for the same field, strongest first.
-REQUEST, STATUS, OBJECT, EVENT = range(4)
+REQUEST, STATUS, OBJECT, EVENT, STATE = range(5)
 # A second-precision time may lie up to this much before the instant it stands for.
 WHOLE_SECOND_US = 1_000_000
 # Controllers whose Events name the pods they create and delete.
@@ -256,6 +259,30 @@ def facts_of_event(resource: str, reason: str, severity: str, namespace: str, na
     return facts
 
 
+# --- state rows of bundles (kind "state") -----------------------------------------------------
+
+# A pod's state rows (``timelines.parsers.events.state``) → field; the container rows give
+# ``started`` (a terminated one's row begins at its startedAt) and the restart count. They rank
+# last (``STATE``): a snapshot speaks only where Events and requests are silent.
+STATE_FIELDS = {"Created": "created", "DeletionRequested": "deleted",
+                "PodScheduled=True": "scheduled", "Ready=True": "ready",
+                "ContainerStarted": "started", "ContainerTerminated": "started"}
+
+
+def facts_of_state(reason: str, namespace: str, name: str, uid: str, at: int,
+                   count: int | None, node: str) -> list[Fact]:
+    """The facts of one state row about a pod at ``at`` (µs): what its snapshot in a bundle
+    says, which counts where no Event or request says it (rank ``STATE``)."""
+    facts = [Fact(namespace, name, uid, STATE_FIELDS.get(reason, "seen"), at, STATE,
+                  f"state {reason}")]
+    if node and reason == "Snapshot":
+        facts.append(Fact(namespace, name, uid, "node", at, STATE, "state Snapshot", node))
+    if count is not None and reason.startswith("Container"):
+        facts.append(Fact(namespace, name, uid, "restarts", at, STATE, f"state {reason}",
+                          count))
+    return facts
+
+
 # --- facts into pods --------------------------------------------------------------------------
 
 @dataclass
@@ -266,7 +293,7 @@ class Pod:
     # field → (rank, at, source) of the evidence chosen so far
     times: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     node: str = ""
-    node_rank: int = EVENT + 1
+    node_rank: int = STATE + 1
     restarts: int | None = None
     warnings: int = 0
     create_requests: set[int] = field(default_factory=set)

@@ -58,7 +58,7 @@ POD_FILTERS = frozenset({"namespace", "name", "resource"})
 COLUMN_FILTERS = frozenset({"kind", "since", "until"})
 _ROW_FIELDS = ("id", "kind", "verb", "subresource", "code", "resource", "namespace", "name",
                "object_uid", "received", "reason", "severity", "count", "message", "body_chunk",
-               "body_index")
+               "body_index", "node")
 
 
 def _successful_writes() -> Q:
@@ -120,9 +120,10 @@ def _narrowed(body: bytes, query: dict[str, list[str]]) -> bytes:
 
 
 def _evidence() -> Q:
-    """Rows about pods that say something of one: its Events, and requests that may tell a
-    phase (read with their bodies when ``pods.wants_body``)."""
-    return Q(kind="event") | _successful_writes()
+    """Rows about pods that say something of one: its Events, its state in bundles (snapshots
+    and their time points), and requests that may tell a phase (read with their bodies when
+    ``pods.wants_body``)."""
+    return Q(kind__in=["event", "state"]) | _successful_writes()
 
 
 def _controllers(events):
@@ -204,7 +205,9 @@ def _no_collection():
 
 def _facts_of_row(row: tuple) -> list[pods.Fact]:
     (_pk, kind, verb, subresource, _code, resource, namespace, name, uid, received, reason,
-     severity, count, message, _chunk, _index) = row
+     severity, count, message, _chunk, _index, node) = row
+    if kind == "state":
+        return pods.facts_of_state(reason, namespace, name, uid, received, count, node)
     if kind == "event":
         return pods.facts_of_event(resource, reason, severity, namespace, name, uid, received,
                                    count, message)

@@ -2,8 +2,10 @@
 
 ``unpack_upload`` extracts the bundle safely (``ingest.unpacker``) into a work directory next to
 the uploads and makes a child ``Upload`` for every file: ``pending`` for files a parser may read
-(with the layout's hints: component, node, year), ``failed`` for entries refused as hostile or
-over a limit, ``skipped`` (set by the pipeline) for files that hold nothing we read. The children
+(with the layout's hints: component, node, year), ``skipped`` for links and device files (refused
+for safety: they hold no evidence of their own) and, set by the pipeline, for files that hold
+nothing we read, ``failed`` for entries that could not be read (a name escaping the bundle, a
+limit, a corrupt archive). The children
 are independent uploads, so several workers share a large bundle. ``finish_bundle`` closes the
 bundle when its last file has finished: counts summed, the first problems collected, the work
 directory removed.
@@ -27,6 +29,9 @@ from ..parsers.base import MAX_KEPT_ERRORS
 from .unpacker import Limits, unpack
 
 PROGRESS_SECONDS = 1.0
+# Refusals of entries that are not files of their own: a link points at another file (or outside
+# the bundle), a device has no content. Refused for safety, they lose no evidence: ``skipped``.
+SKIPPED_REFUSALS = frozenset(("symlink", "hardlink", "device file"))
 
 
 def work_dir(upload: Upload) -> Path:
@@ -35,6 +40,22 @@ def work_dir(upload: Upload) -> Path:
 
 def remove_work_dir(upload: Upload) -> None:
     shutil.rmtree(work_dir(upload), ignore_errors=True)
+
+
+def free_files(upload: Upload) -> dict:
+    """Remove what Hindsight keeps on disk for ``upload``: a top-level upload's bundle work
+    directory (also of one that failed before it was known as a bundle) and Hindsight's own copy
+    of its file, which may hold secrets. Returns the row's fields that say the copy is gone.
+
+    Every path that ends an upload calls this *before* it writes the outcome, so that an upload
+    reported finished never still occupies the disk (the handles of the unpacked members and of
+    the writer are closed by then: each is opened in a ``with`` of the code that raised)."""
+    if upload.parent_id is None:
+        remove_work_dir(upload)
+    if upload.path_is_copy and upload.path:
+        Path(upload.path).unlink(missing_ok=True)
+        return {"path": ""}
+    return {}
 
 
 def unpack_upload(upload: Upload) -> list[int]:
@@ -59,7 +80,12 @@ def unpack_upload(upload: Upload) -> list[int]:
             uploaded_by_id=upload.uploaded_by_id, path_is_copy=True,
             bytes_total=member.size, hints=_hints(member.hints),
         )
-        if member.refused:
+        if member.refused in SKIPPED_REFUSALS:
+            child.status = Upload.Status.SKIPPED
+            child.stage = Upload.Stage.COMPLETE
+            child.message = f"{member.refused}, not extracted"
+            child.finished_at = timezone.now()
+        elif member.refused:
             child.status = Upload.Status.FAILED
             child.stage = Upload.Stage.COMPLETE
             child.message = f"{member.name}: {member.refused}"
@@ -115,19 +141,20 @@ def finish_bundle(bundle_id: int, *, file_finished: bool = True) -> bool:
         message = f"{failed} of {files.count()} files failed"
     if not usable:
         message = message or "no file in the bundle holds evidence Hindsight reads"
+    bundle = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING,
+                                   stage=Upload.Stage.READING).first()
+    if bundle is None:
+        return False
+    # Its files are all finished: nobody reads the work directory any more. Freed first, so
+    # that the bundle is never reported finished while it still occupies the disk.
+    freed = free_files(bundle)
     closed = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING,
                                    stage=Upload.Stage.READING).update(
         status=Upload.Status.RUNNING if usable else Upload.Status.FAILED,
         stage=Upload.Stage.READY if usable else Upload.Stage.COMPLETE,
         message=message, errors=errors, finished_at=timezone.now(), heartbeat_at=timezone.now(),
-        **{k: v or 0 for k, v in totals.items()},
+        **freed, **{k: v or 0 for k, v in totals.items()},
     )
-    if closed:
-        bundle = Upload.objects.get(pk=bundle_id)
-        remove_work_dir(bundle)
-        if bundle.path_is_copy and bundle.path:
-            Path(bundle.path).unlink(missing_ok=True)
-            Upload.objects.filter(pk=bundle_id).update(path="")
     return bool(closed)
 
 

@@ -42,7 +42,7 @@ from ..parsers import (
     read_head,
 )
 from ..parsers.base import CopyRows
-from .bundle import finish_bundle, remove_work_dir, unpack_upload
+from .bundle import finish_bundle, free_files, remove_work_dir, unpack_upload
 from .store import (
     CHUNK_ROWS,
     ChunkIds,
@@ -110,6 +110,7 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
     upload = Upload.objects.filter(pk=upload_id).first()
     if upload is None:
         return None
+    refused = ""
     try:
         if upload.parent_id is None and (upload.format == "bundle" or is_bundle(Path(upload.path))):
             children = unpack_upload(upload)
@@ -135,13 +136,15 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
             # What the database refused of this file will be refused again: an outcome, not a
             # retry (the events stored before it are kept).
             log.warning("upload %s: the database refused its data: %s", upload_id, exc)
-            fail_upload(upload_id, f"{upload.name}: the database refused its data: "
-                                   f"{type(exc).__name__}: {exc}".strip())
-            return Upload.objects.filter(pk=upload_id).first()
-        # Leave the row claimable by the retry (same claimant) and let the caller decide.
-        Upload.objects.filter(pk=upload_id, claimed_by=claimant).update(heartbeat_at=None)
-        raise
-    if complete and table is None:
+            refused = (f"{upload.name}: the database refused its data: "
+                       f"{type(exc).__name__}: {exc}".strip())
+        else:
+            # Leave the row claimable by the retry (same claimant) and let the caller decide.
+            Upload.objects.filter(pk=upload_id, claimed_by=claimant).update(heartbeat_at=None)
+            raise
+    if refused:  # out of the except block: the failed run's frames and handles are released
+        fail_upload(upload_id, refused)
+    elif complete and table is None:
         from ..analysis.registry import complete_incident
 
         complete_incident(upload.incident_id)
@@ -189,23 +192,21 @@ def _abandon(upload: Upload, exc: Exception) -> None:
 
 
 def fail_upload(upload_id: int, message: str) -> None:
-    """Mark an upload failed (unless it finished meanwhile) and delete Hindsight's copy of its
-    file, which may hold secrets, and a bundle's unpacked files. An upload whose events are
-    stored (stage ``ready``) is not failed by what happens after: the analyses' failures are
-    logged, and the readers compute what they need themselves."""
-    changed = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).exclude(
-        stage=Upload.Stage.READY).update(
-        status=Upload.Status.FAILED, stage=Upload.Stage.COMPLETE, message=message,
-        finished_at=timezone.now())
-    upload = Upload.objects.filter(pk=upload_id).first()
-    if not changed or upload is None:
+    """Mark an upload failed (unless it finished meanwhile), having first deleted Hindsight's copy
+    of its file, which may hold secrets, and a bundle's unpacked files (``bundle.free_files``):
+    once ``failed`` is written, nothing of the upload is left on disk. An upload whose events
+    are stored (stage ``ready``) is not failed by what happens after: the analyses' failures
+    are logged, and the readers compute what they need themselves."""
+    upload = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).exclude(
+        stage=Upload.Stage.READY).first()
+    if upload is None:
         return
-    if upload.parent_id is None:  # a bundle's, also one that failed before it was known as one
-        remove_work_dir(upload)
-    if upload.path_is_copy and upload.path:
-        Path(upload.path).unlink(missing_ok=True)
-        Upload.objects.filter(pk=upload_id).update(path="")
-    if upload.parent_id is not None:  # its bundle may have been waiting for it alone
+    freed = free_files(upload)
+    changed = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).exclude(
+        stage=Upload.Stage.READY).update(status=Upload.Status.FAILED,
+                                         stage=Upload.Stage.COMPLETE, message=message,
+                                         finished_at=timezone.now(), **freed)
+    if changed and upload.parent_id is not None:  # its bundle may have been waiting for it alone
         finish_bundle(upload.parent_id)
 
 
@@ -309,10 +310,9 @@ def _finish(upload: Upload, status: str, report: Report, *, message: str = "", r
                   hints=record_guess(upload.hints, report.year_guess))
     if bytes_read is not None:
         fields["bytes_read"] = bytes_read
-    if upload.path_is_copy and upload.path:
-        # The original may hold secrets; what is kept is the redacted evidence in the store.
-        Path(upload.path).unlink(missing_ok=True)
-        fields["path"] = ""
+    # The original may hold secrets; what is kept is the redacted evidence in the store. Removed
+    # before the outcome is written (``bundle.free_files``).
+    fields.update(free_files(upload))
     Upload.objects.filter(pk=upload.pk).update(**fields)
 
 

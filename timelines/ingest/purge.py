@@ -39,10 +39,12 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -94,8 +96,6 @@ def record_deletion(incident: Incident) -> None:
         files=[path for path in top.filter(path_is_copy=True).exclude(path="")
                .values_list("path", flat=True)],
         uploads=list(top.values_list("pk", flat=True)))
-    from ..tasks import enqueue_purge  # tasks imports the ingest package
-
     enqueue_purge(incident.pk)
 
 
@@ -123,6 +123,10 @@ def purge_incident(incident_id: int) -> dict[str, int] | None:
             Event.objects.db)
         done["chunks"] = BodyChunk.objects.filter(incident_id=incident_id)._raw_delete(
             BodyChunk.objects.db)
+        from ..detections.models import DetectionEvent  # which Falco rules matched its events
+
+        DetectionEvent.objects.filter(incident_id=incident_id)._raw_delete(
+            DetectionEvent.objects.db)
     done["files"] = _remove_files(purge)
     from .. import columns  # numpy only where it is used (see timelines.queries)
 
@@ -130,6 +134,34 @@ def purge_incident(incident_id: int) -> dict[str, int] | None:
     IncidentPurge.objects.filter(pk=incident_id).delete()
     log.info("purged incident %s: %s", incident_id, done)
     return done
+
+
+# The Celery task that runs ``purge_incident`` (``timelines.tasks``), queued by name: the tasks
+# import the ingest package, which must not import them back.
+PURGE_TASK = "timelines.tasks.purge_incident_task"
+
+
+def enqueue_purge(incident_id: int) -> None:
+    """Purge a deleted incident's evidence once the current transaction commits: on a Celery
+    worker when a broker is configured, else in a thread of this process."""
+    if settings.CELERY_BROKER_URL:
+        from celery import current_app
+
+        transaction.on_commit(lambda: current_app.send_task(PURGE_TASK, args=[incident_id]))
+        return
+    transaction.on_commit(lambda: _start_purge_thread(incident_id))
+
+
+def _start_purge_thread(incident_id: int) -> None:
+    def run() -> None:
+        try:
+            purge_incident(incident_id)
+        except Exception:  # the IncidentPurge row stays: requeue_lost runs it again
+            log.exception("purge of incident %s failed", incident_id)
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name=f"purge-{incident_id}", daemon=True).start()
 
 
 def requeue_lost(enqueue: Callable[[int], None]) -> int:

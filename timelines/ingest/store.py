@@ -122,7 +122,7 @@ def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
                 return len(rows)
             if optimistic and _copy_new(text):
                 return len(rows)
-            return _merge_postgres(text, chunk_ids)
+            return _merge_postgres(text, chunk_ids, incident_id)
         return _merge_generic(incident_id, upload_id, rows, chunk_ids)
 
 
@@ -143,7 +143,8 @@ def write_copy(incident_id: int, upload_id: int | None, batch: CopyRows, *,
             return batch.rows
         if optimistic and _copy_new(batch.text):
             return batch.rows
-        return _merge_postgres(batch.text, [chunk_id for chunk_id, _ in batch.bodies])
+        return _merge_postgres(batch.text, [chunk_id for chunk_id, _ in batch.bodies],
+                               incident_id)
 
 
 class ChunkIds:
@@ -341,8 +342,17 @@ def _copy_new(text: str | bytes) -> bool:
         return False
 
 
-def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
+def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int) -> int:
+    """Merge a batch of one incident's rows (COPY text) through the staging table.
+
+    The reads of stored rows name the incident as a constant, not only through the staging
+    table's column: only then does the planner prune ``timelines_event`` to the incident's
+    partition, where otherwise it plans (and probes) every partition, and each bulk-loaded
+    incident and audit stream (``streams``: one table per hour of its ring) adds some (measured
+    on a 400-row batch of a stream: 29 ms with one stream in the database and 302 ms with
+    eleven before, 23-29 ms with one to twenty-one since)."""
     columns = ", ".join(COLUMNS)
+    incident = int(incident_id)
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE_TABLE} ON COMMIT DELETE ROWS AS "
                        f"SELECT {columns} FROM timelines_event WITH NO DATA")
@@ -361,7 +371,7 @@ def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
             f"WITH replaced AS ("
             f" SELECT DISTINCT e.body_chunk FROM {_STAGE_TABLE} s JOIN timelines_event e"
             f" ON e.incident_id = s.incident_id AND e.received = s.received"
-            f" AND e.audit_id = s.audit_id"
+            f" AND e.audit_id = s.audit_id AND e.incident_id = {incident}"
             f" WHERE {MERGE_RULE.replaces_sql('s', 'e')}),"
             # New requests are counted before the insert (the statement's one snapshot):
             # a partitioned table cannot return xmax to tell inserts from updates.
@@ -369,7 +379,7 @@ def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
             f" SELECT count(*) AS n FROM (SELECT DISTINCT incident_id, received, audit_id"
             f" FROM {_STAGE_TABLE}) s WHERE NOT EXISTS (SELECT 1 FROM timelines_event e"
             f" WHERE e.incident_id = s.incident_id AND e.received = s.received"
-            f" AND e.audit_id = s.audit_id)),"
+            f" AND e.audit_id = s.audit_id AND e.incident_id = {incident})),"
             f" merged AS ("
             f" INSERT INTO timelines_event ({columns})"
             # One row per request: a batch of COPY rows may repeat one (a file holding the same
@@ -388,18 +398,21 @@ def _merge_postgres(text: str, chunk_ids: list[int]) -> int:
         if unused:
             cursor.execute("DELETE FROM timelines_bodychunk WHERE id = ANY(%s)", [unused])
         if replaced:
-            _delete_orphan_chunks(cursor, [c for c in replaced if c is not None])
+            _delete_orphan_chunks(cursor, [c for c in replaced if c is not None], incident)
         return new
 
 
-def _delete_orphan_chunks(cursor, candidates: list[int]) -> None:
+def _delete_orphan_chunks(cursor, candidates: list[int], incident_id: int | None = None) -> None:
     """Delete the chunks among ``candidates`` that no event points at any more (their events were
-    completed by a later stage from another file). Rare, so a scan is affordable."""
+    completed by a later stage from another file). Rare, so a scan is affordable. ``incident_id``
+    (the one incident the candidates are of, when the caller knows it) limits the scan to its
+    partition (see ``_merge_postgres``)."""
     if candidates:
+        only = "" if incident_id is None else f" AND e.incident_id = {int(incident_id)}"
         cursor.execute(
             "DELETE FROM timelines_bodychunk c WHERE c.id = ANY(%s) AND NOT EXISTS"
             " (SELECT 1 FROM timelines_event e WHERE e.incident_id = c.incident_id"
-            " AND e.body_chunk = c.id)", [candidates])
+            f"{only} AND e.body_chunk = c.id)", [candidates])
 
 
 def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[Row],

@@ -18,8 +18,10 @@ from .redact import MARKER, Redactor
 
 # Order matters where sniffs overlap: envelopes hold native events (a native sniff could claim an
 # OTLP file), and legacy audit text looks like a plain log to the text-log sniff.
+# Objects of any kind come after Events (a file of Events may hold other objects too) and before
+# the logs, whose lines may quote an object.
 FORMATS: list[Format] = [*envelopes.FORMATS, gke_logs.FORMAT, audit.FORMAT, events.FORMAT,
-                         klog.FORMAT, textlog.FORMAT]
+                         events.OBJECTS_FORMAT, klog.FORMAT, textlog.FORMAT]
 
 
 def detect(head: bytes, name: str) -> Format | None:

@@ -18,7 +18,7 @@ from django.urls import reverse
 from hindsight.testing import page_query
 from incidents.models import Incident
 from incidents.notes import Sequence, format_time
-from timelines.analysis import insights
+from timelines.analysis import common, insights
 from timelines.ingest import create_local_upload, ingest_upload
 from timelines.ingest.purge import delete_incident
 from timelines.models import Event, IncidentInsights
@@ -532,10 +532,10 @@ def test_start_a_sequence_from_the_panel_opens_it_on_the_timeline(open_page, own
 def test_a_burst_must_stand_out_from_the_incident_s_mean_rate():
     first, last = T0, T0 + timedelta(hours=1)
     steady = [("server", T0 + timedelta(minutes=m), 12) for m in range(60)]
-    assert insights.find_bursts(steady, first, last) == []  # 12 a minute all hour long
+    assert common.find_bursts(steady, first, last) == []  # 12 a minute all hour long
     spike = [*steady[:30], ("server", T0 + timedelta(minutes=30), 400),
              ("server", T0 + timedelta(minutes=31), 300), *steady[32:]]
-    [burst] = insights.find_bursts(spike, first, last)
+    [burst] = common.find_bursts(spike, first, last)
     assert (burst["start"], burst["end"], burst["count"]) == (
         T0 + timedelta(minutes=30), T0 + timedelta(minutes=32), 700)
 

@@ -52,6 +52,15 @@ def _by_life(answer: list[dict]) -> dict[tuple[str, str, str | None], dict]:
 
 # --- expectations read from Event objects -----------------------------------------------------
 
+def _events_only(path, tmp_path):
+    """A copy of a multi-document YAML stream with its Events only: the other objects are
+    snapshots whose state would fill in what the Events leave out."""
+    events = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "Event"]
+    copy = tmp_path / f"events-of-{path.name}"
+    copy.write_text(yaml.safe_dump_all(events))
+    return copy
+
+
 def _event_objects(documents) -> list[dict]:
     """Core/v1 and events.k8s.io Events among documents (lists, watch events, other objects),
     the latest sighting of each (a watch stream repeats them)."""
@@ -146,14 +155,22 @@ def _assert_matches(answer: list[dict], expected: dict[tuple[str, str, str | Non
 
 
 def test_the_kspan_rollout_s_pods_have_their_event_phases(api, incident, ingest_file,
-                                                          fixtures_dir):
+                                                          fixtures_dir, tmp_path, owner):
     path = fixtures_dir / "events" / "kspan-deployment-2-pods.yaml"
     expected = _expected_from_events(_event_objects(yaml.safe_load_all(path.read_text())))
-    assert ingest_file(incident, path).status == "done"
+    assert ingest_file(incident, _events_only(path, tmp_path)).status == "done"
 
     answer = api(_url(incident.pk)).json()
 
     _assert_matches(answer, expected)
+    # With the stream's Pod objects too, their state only fills what the Events leave out.
+    whole = Incident.objects.create(title="whole stream", team=incident.team, created_by=owner)
+    assert ingest_file(whole, path).status == "done"
+    filled = {(p["namespace"], p["name"]): p for p in api(_url(whole.pk)).json()}
+    for pod in answer:
+        for field in pods.FIELDS:
+            if pod[field] is not None:
+                assert filled[pod["namespace"], pod["name"]][field] == pod[field], field
     # the rollout's new pods: created by their ReplicaSet, scheduled, started; old ones killed
     assert sum(1 for p in expected.values() if "scheduled" in p and "created" in p) == 2
     assert sum(1 for p in expected.values() if "finished" in p) == 2
@@ -361,7 +378,7 @@ def test_the_embedded_default_gives_the_same_phases(api, incident, ingest_file, 
     _write_log(tmp_path / "audit.log", log)
     assert ingest_file(incident, tmp_path / "audit.log").status == "done"
     kspan = fixtures_dir / "events" / "kspan-deployment-2-pods.yaml"
-    assert ingest_file(incident, kspan).status == "done"
+    assert ingest_file(incident, _events_only(kspan, tmp_path)).status == "done"
     expected = _expected_from_events(_event_objects(yaml.safe_load_all(kspan.read_text())))
 
     answer = _by_life(api(_url(incident.pk)).json())
@@ -668,7 +685,7 @@ def test_the_page_lists_the_pods_and_draws_their_phases_for_two_runs(
     assert ingest_file(incident, tmp_path / "audit.log").status == "done"
     other = Incident.objects.create(title="the rollout run", team=team, created_by=owner)
     kspan = fixtures_dir / "events" / "kspan-deployment-2-pods.yaml"
-    assert ingest_file(other, kspan).status == "done"
+    assert ingest_file(other, _events_only(kspan, tmp_path)).status == "done"
     rollout = _expected_from_events(_event_objects(yaml.safe_load_all(kspan.read_text())))
     expected_rows = 6 + len(rollout)
     # each pod's durations whose two ends the evidence gives: every one for the audit pods

@@ -216,9 +216,10 @@ def test_many_lanes_page_with_readable_labels_and_the_legend_off_the_plot(open_p
 
 def test_the_demo_incident_opens_on_what_happened(open_page, owner, incident, ingest_file,
                                                   fixtures_dir, settings):
-    """The evidence scripts/demo.sh loads, seen cold: the first screen holds the overview and
-    the start of the timeline, whatever the uploads. Its picture is the README's
-    (docs/screenshots/first-view.png, from test-artifacts/screenshots/first-view.png)."""
+    """Every fixture file in one incident (what scripts/demo.sh once loaded as its only
+    incident), seen cold: the first screen holds the overview and the start of the timeline,
+    whatever the uploads. Its picture is the README's (docs/screenshots/first-view.png, from
+    test-artifacts/screenshots/first-view.png)."""
     files = [*sorted((fixtures_dir / "audit").glob("*.log")),
              *sorted((fixtures_dir / "audit" / "falco").glob("*.json")),
              *sorted((fixtures_dir / "events").iterdir()),

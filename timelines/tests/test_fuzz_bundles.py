@@ -236,7 +236,7 @@ def test_generated_bundles_become_one_child_upload_per_member(incident, tmp_path
     rows): a child upload per member, pending with its file in the bundle's work directory or
     failed naming the member and why; never an exception."""
     from incidents.models import Upload
-    from timelines.ingest.bundle import unpack_upload, work_dir
+    from timelines.ingest.bundle import SKIPPED_REFUSALS, unpack_upload, work_dir
 
     settings.UPLOAD_DIR = str(tmp_path / "uploads")
     path = tmp_path / "bundle.upload"
@@ -257,7 +257,9 @@ def test_generated_bundles_become_one_child_upload_per_member(incident, tmp_path
         assert sorted(pending) == [c.pk for c in children if c.status == "pending"]
         root = str(work_dir(upload).resolve()) + os.sep
         for child, member in zip(children, members, strict=True):
-            if member.refused:
+            if member.refused in SKIPPED_REFUSALS:  # a link or a device: no evidence lost
+                assert child.status == "skipped" and member.refused in child.message
+            elif member.refused:
                 assert child.status == "failed" and member.refused in child.message
             else:
                 assert child.status == "pending" and child.path.startswith(root)

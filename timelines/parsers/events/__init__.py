@@ -9,9 +9,12 @@ Input, gzipped or not:
 - YAML: an ``EventList``, a single Event, or a multi-document stream mixing Events with other
   objects (only Events become rows; the others are counted in a note, not errors).
 
-Everything that is not an Event is left alone, and said so: objects of other kinds, watch
-``BOOKMARK``/``ERROR`` notices, and kube-apiserver audit events (``audit.k8s.io``), whose kind is
-also "Event" but which belong to the audit parser.
+Kubernetes objects of every other kind (in the same file, or in a file of objects only, which
+``OBJECTS_FORMAT`` claims) become state rows (``state``: a snapshot at the capture time and the
+time points the object records). What is neither is left alone, and said so: watch
+``BOOKMARK``/``ERROR`` notices, values without kind or metadata, and kube-apiserver audit events
+(``audit.k8s.io``), whose kind is also "Event" but which belong to the audit parser. An empty
+list is no failure: it yields nothing.
 
 One row per Event identity (``event:<metadata.uid>``, else ``event:<namespace>/<name>``, else a
 hash of its content): repeated sightings in the file (a watch stream's ADDED then MODIFIED, the
@@ -26,13 +29,15 @@ A row is the span first→last time of the Event: ``received`` is ``firstTimesta
 
 Bad input never loses good input: a malformed line, document or list item is skipped and recorded
 on the report (``source:line: reason``) and the rest is read; inside a broken pretty-printed list
-the items are salvaged one by one. ``InputError`` when the file holds no usable Event at all.
+the items are salvaged one by one. ``InputError`` when the file holds no usable Event or object
+at all (and is not an empty list).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import datetime
 from typing import BinaryIO
 
 from ..base import Format, InputError, ParseHints, Progress, Report, Row, open_lines
@@ -101,6 +106,15 @@ def sniff(head: bytes, name: str = "") -> bool:
 # --- parsing ----------------------------------------------------------------------------------
 
 
+def capture_time(hints: ParseHints | None) -> datetime | None:
+    """When the file's objects were captured: the bundle's own record of its collection (the
+    must-gather ``timestamp`` file, sonobuoy's run log), not the archive's file times, which a
+    copy changes; None when there is none (the objects' latest time stands in)."""
+    if hints is None or hints.collected is None or "file times" in hints.year_reason:
+        return None
+    return hints.collected
+
+
 def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
           progress: Progress | None = None, hints: ParseHints | None = None) -> Iterator[Row]:
     """Yield one ``Row`` (kind "event") per Kubernetes Event identity found in ``raw``.
@@ -127,14 +141,23 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     read_documents(enumerate(lines, start=1), collector, tick)
 
     rows = collector.rows()
+    state = collector.state_rows(capture_time(hints))
+    if state:
+        rows = sorted([*rows, *state], key=lambda row: (row.received, row.audit_id))
     if progress is not None:
         progress(counter.count, len(rows))
+    if (not rows and collector.empty_lists and not collector.others and not collector.state
+            and not report.errors):
+        # An empty list (``items: []``) is evidence too: nothing was there at capture.
+        report.notes.append("the list is empty")
+        return
     if not rows:
         details = []
+        if collector.state:
+            details.append("only objects with no time and no capture time: "
+                           f"{describe(collector.state.kinds())}")
         if collector.others:
             details.append(f"only other objects: {describe(collector.others)}")
-        elif collector.empty_lists and not report.errors:
-            details.append("the list is empty")
         if report.errors:
             details.append(f"first problem: {report.errors[0]}")
         suffix = f" ({'; '.join(details)})" if details else ""
@@ -142,8 +165,41 @@ def parse(raw: BinaryIO, report: Report, redactor: Redactor | None = None,
     yield from rows
 
 
+_OBJECT_START = re.compile(rb"\A(?:\s*(?:#[^\n]*)?\n)*(?:[ \t]*[{\[]|---|[A-Za-z][\w.-]*:)")
+_AUDIT_ID = re.compile(rb'"auditID"\s*:')
+_KINDLESS = re.compile(rb'\s*\[?\s*\{\s*"metadata"\s*:\s*\{')
+_SELF_LINK = re.compile(rb'"selfLink"\s*:\s*"/apis?/')
+_FIRST_API_VERSION = re.compile(
+    rb'"apiVersion"\s*:\s*"([^"]*)"|^[ \t-]*apiVersion:[ \t]*["\']?([^\s"\']*)', re.MULTILINE)
+_OBJECT_KEYS = tuple(re.compile(_key(name), re.MULTILINE)
+                     for name in ("kind", "items", "metadata"))
+
+
+def sniff_objects(head: bytes, name: str = "") -> bool:
+    """True if the first bytes of a (decompressed) file look like Kubernetes objects of any kind
+    (or a List of them): a JSON or YAML document with ``apiVersion`` and either ``kind`` and
+    ``metadata`` or ``items``.
+    Audit and admission captures are not (``_WRAPPERS``); the Event sniff goes first."""
+    text = head.removeprefix(BOM)
+    if not _OBJECT_START.match(text) or _AUDIT_ID.search(text):
+        return False
+    if _KINDLESS.match(text) and _SELF_LINK.search(text):
+        return True  # the raw API's objects (sonobuoy's resources/): the selfLink names them
+    # Only the first apiVersion says what the file is: ConfigMaps quote audit policies.
+    first = _FIRST_API_VERSION.search(text)
+    if first is None or (first[1] or first[2]).startswith((b"audit.k8s.io/", b"admission.k8s.io/")):
+        return False
+    # A List's first item may begin past the head (a ConfigMap of certificates): its items do.
+    kind, items, metadata = (key.search(text) for key in _OBJECT_KEYS)
+    return bool(kind and metadata or items)
+
+
 FORMAT = Format("k8s-events", sniff, parse)
+# Objects of other kinds are read by the same parser (a file may mix them with Events): state
+# rows (``state``), and the Events among them as above.
+OBJECTS_FORMAT = Format("k8s-objects", sniff_objects, parse)
 
 __all__ = ["BIG_YAML_DOCUMENT", "BOM", "EVENT_API_VERSIONS", "FORMAT", "HASHED_ID",
-           "IRREGULAR_PLURALS", "MAX_DEPTH", "MAX_DOCUMENT_BYTES", "PROGRESS_DOCUMENTS",
-           "PROGRESS_LINES", "TIME_KEYS", "WATCH_TYPES", "YAML_ERRORS", "parse", "sniff"]
+           "IRREGULAR_PLURALS", "MAX_DEPTH", "MAX_DOCUMENT_BYTES", "OBJECTS_FORMAT",
+           "PROGRESS_DOCUMENTS", "PROGRESS_LINES", "TIME_KEYS", "WATCH_TYPES", "YAML_ERRORS",
+           "parse", "sniff", "sniff_objects"]

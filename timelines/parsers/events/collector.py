@@ -12,6 +12,7 @@ from typing import Any
 from ..base import Report, Row
 from ..redact import Redactor
 from .fields import HASHED_ID, RowBuilder, is_event
+from .state import StateBuilder, is_object, kindless
 
 PROGRESS_DOCUMENTS = 256
 MAX_DEPTH = 4  # lists of lists of watch events of Events: deeper nesting is not a Kubernetes shape
@@ -26,6 +27,7 @@ class Collector:
                  heartbeat: Callable[[], None] | None = None) -> None:
         self.report = report
         self.builder = RowBuilder(report, redactor)
+        self.state = StateBuilder(report, redactor)  # every other Kubernetes object
         self.heartbeat = heartbeat  # called every PROGRESS_DOCUMENTS parsed YAML documents
         self.documents = 0
         # audit_id → (rank, row, values redacted in it, whether it had no first time)
@@ -37,9 +39,11 @@ class Collector:
         self.empty_lists = 0
 
     def visit(self, value: Any, line: int, item_lines: list[int] | None = None,
-              depth: int = 0) -> None:
+              depth: int = 0, item_kind: str = "", item_version: str = "") -> None:
         """Every Event in ``value`` (found at ``line``; ``item_lines`` are its items' lines when
-        known) is added; everything else is counted or reported."""
+        known) is added, every other Kubernetes object goes to the state rows; the rest is
+        counted or reported. ``item_kind``/``item_version``: what the items of a typed List are
+        when they do not say (the raw API leaves them out)."""
         if value is None:  # an empty YAML document, a null list
             return
         if depth > MAX_DEPTH:
@@ -49,6 +53,8 @@ class Collector:
             if item_lines is None or len(item_lines) != len(value):
                 item_lines = [line] * len(value)
             for item, item_line in zip(value, item_lines, strict=True):
+                if item_kind and isinstance(item, dict) and "kind" not in item:
+                    item = {"kind": item_kind, "apiVersion": item_version, **item}
                 self.visit(item, item_line, None, depth + 1)
             return
         if not isinstance(value, dict):
@@ -63,15 +69,25 @@ class Collector:
                 kind is None and isinstance(value.get("items"), list)):
             if not value.get("items"):
                 self.empty_lists += 1
-            self.visit(value.get("items"), line, item_lines, depth + 1)
+            element = kind[:-len("List")] if isinstance(kind, str) and kind != "List" else ""
+            version = value.get("apiVersion")
+            self.visit(value.get("items"), line, item_lines, depth + 1,
+                       item_kind=element if element != "Event" else "",
+                       item_version=version if isinstance(version, str) else "")
         elif is_event(value):
             self.add_event(value, line)
+        elif is_object(value):
+            self.state.add(value, line)
+        elif kind is None and (guessed := kindless(value)) is not None:
+            self.state.add(guessed, line)  # the raw API leaves kind and apiVersion out
         else:
             self.others[kind if isinstance(kind, str) and kind else "object without kind"] += 1
 
     def _watch_event(self, watch_type: str, obj: dict[str, Any], line: int) -> None:
         if watch_type in WATCH_TYPES and is_event(obj):
             self.add_event(obj, line)  # DELETED carries the Event's last state too
+        elif watch_type in WATCH_TYPES and is_object(obj):
+            self.state.add(obj, line)  # the latest sighting in the stream wins
         elif watch_type in WATCH_TYPES:
             self.others[str(obj.get("kind") or "object without kind")] += 1
         else:
@@ -128,6 +144,18 @@ class Collector:
         if self.builder.bad_times:
             notes.append(f"{self.builder.bad_times} unparseable timestamps ignored")
         return [entry[1] for entry in kept]
+
+    def state_rows(self, capture: datetime | None) -> list[Row]:
+        """The state rows of the other objects (``state.StateBuilder``), with a note of what they
+        were."""
+        if not self.state:
+            return []
+        rows = self.state.rows(capture)
+        kinds = self.state.kinds()
+        snapshots = sum(row.reason == "Snapshot" for row in rows)
+        self.report.notes.append(f"{snapshots} object snapshots and {len(rows) - snapshots} "
+                                 f"time points of state read from {describe(kinds)}")
+        return rows
 
 
 def describe(counter: Counter[str]) -> str:

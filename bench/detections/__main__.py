@@ -1,0 +1,98 @@
+"""Detections benchmark: the 48 default Falco rules (k8saudit 0.18.0) evaluated over a
+1,000,000-event incident (``timelines.detections.incident.evaluate``), then the whole
+detection step (matches stored for the ``detection=`` filter, insights made).
+
+The incident is the figure benchmark's (``bench/figure/build.py``): SYNTHETIC clones of the 93
+fixture requests (audit2rbac's demo, OpenShift's RequestResponse sample and Falco's own
+traces: pod, configmap, secret, RBAC creations, exec…) with new auditIDs, times and names, so
+that the Falco traces' requests recur all through it. Built into a database of this
+benchmark's own (dropped and recreated; ``--reuse`` measures the one built last time).
+``--runs`` evaluations, each timed; medians and every run go to stdout and
+``bench/out/detections-<N>.json``.
+
+    .venv/bin/python bench/detections                 # build 1,000,000 events, measure
+    .venv/bin/python bench/detections --reuse         # measure the incident built last time
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
+from benchlib import OUT_DIR, incident_arguments, reexec_in_venv, synthetic_incident, write_results  # noqa: E402
+
+reexec_in_venv(__file__)
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_detections_bench"
+
+
+def column_index(incident_id: int) -> float | None:
+    """Build the incident's column index if it has none, as the worker does once uploads
+    finish (before the insights); the seconds it took (not the detections'), or None."""
+    from timelines import columns
+    from timelines.aggregate import data_version
+    from timelines.detections import incident
+
+    if incident._index_of(incident_id) is not None:
+        return None
+    started = time.perf_counter()
+    columns.build(incident_id, data_version(incident_id))
+    return round(time.perf_counter() - started, 2)
+
+
+def measure(incident_id: int, runs: int) -> dict:
+    from timelines.detections import incident, rules
+
+    started = time.perf_counter()
+    ruleset = rules.load(rules.default_files())
+    load_ms = (time.perf_counter() - started) * 1000
+    print(f"  {len(ruleset.active)} rules loaded and compiled in {load_ms:.0f} ms", flush=True)
+    times, found = [], None
+    for run in range(runs):
+        load = os.getloadavg()[0]
+        started = time.perf_counter()
+        found = incident.evaluate(incident_id, ruleset)
+        seconds = time.perf_counter() - started
+        times.append(seconds)
+        print(f"  run {run + 1}: {seconds:.2f} s (load {load:.2f}), {found.groups:,} groups "
+              f"({'column index' if found.from_index else 'GROUP BY'}), columns "
+              f"{found.column_seconds:.2f} s, {found.bodies_read + found.bodies_skipped:,} "
+              f"lines read ({found.bodies_skipped:,} ruled out raw, {found.bodies_read:,} "
+              f"parsed) in {seconds - found.column_seconds:.2f} s", flush=True)
+    matched = {name: len(ids) for name, ids in sorted(found.ids.items()) if ids}
+    for name, count in matched.items():
+        print(f"    {name:50} {count:>9,}", flush=True)
+    started = time.perf_counter()
+    made = incident.detections(incident_id)
+    step = time.perf_counter() - started
+    print(f"  the whole step (evaluate, store matches, insights): {step:.2f} s, "
+          f"{len(made)} insights", flush=True)
+    return {"rules": len(ruleset.active), "compile_ms": round(load_ms, 1),
+            "seconds_median": round(statistics.median(times), 2),
+            "seconds_runs": [round(t, 2) for t in times], "groups": found.groups,
+            "from_index": found.from_index, "column_seconds": round(found.column_seconds, 2),
+            "bodies_read": found.bodies_read, "bodies_skipped": found.bodies_skipped,
+            "matched": matched,
+            "step_seconds": round(step, 2), "insights": len(made)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    incident_arguments(parser, database_url=DEFAULT_DATABASE_URL, runs=3,
+                       runs_help="evaluations")
+    args = parser.parse_args(argv)
+    ingest, _, incident_id, results = synthetic_incident(args, OUT_DIR / "detections-columns")
+    results["column_index_seconds"] = column_index(incident_id)
+    print(f"evaluating the default rules, {args.runs} runs …", flush=True)
+    results["detections"] = measure(incident_id, args.runs)
+    write_results(results, f"detections-{args.events}", ingest, args.database_url)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Tables of the detections app: rules files added to the shipped ones, and the events each
+rule matched (the ``detection=`` filter of the events API reads them)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from incidents.models import Incident, Team
+
+
+class RulesFile(models.Model):
+    """A Falco rules file added by an admin, read after the shipped rules and the files added
+    before it: instance-wide (no team) or for the incidents of one team."""
+
+    name = models.CharField(max_length=200)
+    text = models.TextField()
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="+")
+    added_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                                 related_name="+")
+    added_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DetectionEvent(models.Model):
+    """One request that a rule matched in an incident's current data version."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.DO_NOTHING, db_constraint=False,
+                                 db_index=False, related_name="+")
+    rule = models.TextField()
+    event_id = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["incident", "rule", "event_id"],
+                                name="detection_event")]
+
+    def __str__(self) -> str:
+        return f"{self.rule}: event {self.event_id}"

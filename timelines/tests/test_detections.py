@@ -1,0 +1,182 @@
+"""Falco rules over stored incidents (``timelines.detections``): the falco traces through real
+ingest give the same detections as the engine on the trace files themselves; detections are
+insights (``kind=detection``), the ``detection=`` events filter selects their requests, and
+rules files are added through the API or refused with ``file:line: reason``."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import pytest
+from django.urls import reverse
+
+from timelines.analysis import insights
+from timelines.detections import engine, rules
+from timelines.detections.incident import evaluate, ruleset_for
+from timelines.detections.models import DetectionEvent, RulesFile
+from timelines.models import Event
+
+from .conftest import FALCO_DAY
+
+pytestmark = pytest.mark.django_db
+
+
+def expected_matches(fixtures_dir, ruleset) -> dict[str, set[str]]:
+    """rule → auditIDs, from the engine on the trace files (the requests of FALCO_DAY)."""
+    lines = []
+    for path in sorted((fixtures_dir / "audit" / "falco").glob("*.json")):
+        events, _ = engine.read_trace(path)
+        lines += [e for e in events if e.get("requestReceivedTimestamp", "").startswith(
+            FALCO_DAY)]
+    found = defaultdict(set)
+    for detection in engine.evaluate_lines(ruleset, lines):
+        found[detection.rule.name].add(detection.event["auditID"])
+    return found
+
+
+def test_stored_requests_match_as_the_trace_lines_do(falco, incident, fixtures_dir):
+    ruleset = ruleset_for(incident.pk)
+    expected = expected_matches(fixtures_dir, ruleset)
+    found = evaluate(incident.pk, ruleset)
+    audit_ids = dict(Event.objects.filter(incident=incident).values_list("id", "audit_id"))
+    got = {rule: {audit_ids[i] for i in ids} for rule, ids in found.ids.items() if ids}
+    assert got == dict(expected)
+    # the private-credential configmaps are detected although their values were redacted
+    assert "Create/Modify Configmap With Private Credentials" in got
+    # most rules were decided on the columns: only the requests some rule left open were read
+    assert 0 < found.bodies_read < len(falco)
+
+
+def test_the_column_index_decides_as_the_database_does(falco, incident):
+    """Past 20,000 events the groups come from the column index's signatures: same matches."""
+    from timelines import columns
+    from timelines.aggregate import data_version
+
+    ruleset = ruleset_for(incident.pk)
+    by_database = evaluate(incident.pk, ruleset)
+    assert not by_database.from_index
+    assert columns.build(incident.pk, data_version(incident.pk)) is not None
+    by_index = evaluate(incident.pk, ruleset)
+    assert by_index.from_index  # its signatures hold more columns: more, smaller groups
+    assert {r: sorted(i) for r, i in by_index.ids.items() if i} == {
+        r: sorted(i) for r, i in by_database.ids.items() if i}
+    assert by_index.bodies_read == by_database.bodies_read
+
+
+def test_detections_are_insights_and_filter_events(falco, incident, fixtures_dir, api):
+    expected = expected_matches(fixtures_dir, ruleset_for(incident.pk))
+    insights.refresh(incident.pk)
+    answer = api(reverse("incident-insights", args=[incident.pk]), {"kind": "detection"})
+    assert answer.status_code == 200
+    found = answer.json()
+    assert found and {i["kind"] for i in found} == {"detection"}
+    by_rule = defaultdict(set)
+    audit_ids = dict(Event.objects.filter(incident=incident).values_list("id", "audit_id"))
+    for item in found:
+        rule = rules.load(rules.default_files()).rule(item["rule"])
+        assert item["title"] == rule.name and item["priority"] == rule.priority
+        assert item["severity"] == rules.severity_of(rule.priority)
+        assert item["output"] == item["explanation"] and "%ka." not in item["output"]
+        assert item["filters"] == {"detection": [rule.name]}
+        by_rule[item["rule"]] |= {audit_ids[i] for i in item["events"]}
+    assert dict(by_rule) == dict(expected)
+    # the events filter selects the same requests, in the list's order
+    rule_name = "Create/Modify Configmap With Private Credentials"
+    page = api(reverse("api:incident-event-list", args=[incident.pk]), {"detection": rule_name})
+    assert page.status_code == 200
+    assert {e["audit_id"] for e in page.json()["results"]} == expected[rule_name]
+    item = next(i for i in found if i["rule"] == rule_name)
+    assert set(item["events"]) == set(DetectionEvent.objects.filter(
+        incident=incident, rule=rule_name).values_list("event_id", flat=True))
+
+
+def test_a_sequence_starts_from_a_detection(falco, incident, owner, token_for, client):
+    found = [i for i in insights.refresh(incident.pk).insights if i["kind"] == "detection"]
+    item = next(i for i in found if i["rule"] == "Attach/Exec Pod")
+    answer = client.post(reverse("incident-insight-sequence", args=[incident.pk, item["id"]]),
+                         {}, content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Token {token_for(owner)}")
+    assert answer.status_code == 201, answer.content
+    sequence = answer.json()
+    assert sequence["title"] == "Attach/Exec Pod"
+    assert [step["event"] for step in sequence["steps"]] == item["events"]
+    assert sequence["steps"][0]["note"] == item["output"]
+
+
+BROKEN = {
+    "syntax.yaml": ("- rule: x\n  condition: ka.verb=get\n  output: [unclosed\n", 3),
+    "field.yaml": ("- macro: m\n  condition: ka.verb=get\n\n- rule: r\n  desc: d\n"
+                   "  condition: m and ka.nosuch.field=1\n  output: o\n  priority: INFO\n"
+                   "  source: k8s_audit\n", 6),
+    "macro.yaml": ("- rule: r\n  desc: d\n  condition: kevt and no_such_macro\n  output: o\n"
+                   "  priority: INFO\n  source: k8s_audit\n", 3),
+    "type.yaml": ("- list: l\n  items: [a]\n- rule: r\n  desc: d\n  condition: ka.verb=get\n"
+                  "  output: o\n  priority: LOUD\n  source: k8s_audit\n", 7),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_broken_rules_file_is_refused_whole_with_file_and_line(name, client, superuser_key):
+    text, line = BROKEN[name]
+    answer = client.post(reverse("rules"), {"name": name, "text": text},
+                         content_type="application/json", HTTP_AUTHORIZATION=superuser_key)
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith(f"{name}:{line}: ")
+    assert not RulesFile.objects.exists()  # nothing of it is kept
+
+
+def test_an_added_rules_file_tunes_the_shipped_rules(client, superuser_key, owner, token_for,
+                                                     other_team):
+    text = ("- list: allowed_k8s_users\n  items: [alice]\n  override:\n    items: append\n"
+            "- rule: Attach/Exec Pod\n  enabled: false\n")
+    answer = client.post(reverse("rules"), {"name": "local.yaml", "text": text},
+                         content_type="application/json", HTTP_AUTHORIZATION=superuser_key)
+    assert answer.status_code == 201, answer.content
+    listing = client.get(reverse("rules"), HTTP_AUTHORIZATION=superuser_key).json()
+    assert [f["name"] for f in listing["files"]] == ["k8s_audit_rules.yaml", "local.yaml"]
+    rules_by_name = {r["name"]: r for r in listing["rules"]}
+    assert len(rules_by_name) == 48
+    assert rules_by_name["Attach/Exec Pod"]["enabled"] is False
+    assert rules_by_name["Create Privileged Pod"] == {
+        "name": "Create Privileged Pod", "priority": "WARNING", "source":
+        "k8s_audit_rules.yaml", "enabled": True, "evaluated": True, "tags": ["k8s"]}
+    # another team's files are not listed to those outside it
+    outside = client.get(reverse("rules"), {"team": other_team.name},
+                         HTTP_AUTHORIZATION=f"Token {token_for(owner)}")
+    assert outside.status_code == 400
+    # not an admin: refused
+    refused = client.post(reverse("rules"), {"name": "x.yaml", "text": text},
+                          content_type="application/json",
+                          HTTP_AUTHORIZATION=f"Token {token_for(owner)}")
+    assert refused.status_code == 403
+
+
+@pytest.fixture
+def superuser_key(django_user_model, token_for):
+    admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    return f"Token {token_for(admin)}"
+
+
+def test_the_timeline_marks_detected_events(falco, incident, owner, client):
+    insights.refresh(incident.pk)
+    rule_name = "Attach/Exec Pod"
+    expected = set(DetectionEvent.objects.filter(incident=incident, rule=rule_name).values_list(
+        "event_id", flat=True))
+    assert expected
+    client.force_login(owner)
+    page = client.get(reverse("incidents:detail", args=[incident.pk]),
+                      {"detection": rule_name, "partial": "events"}).content.decode()
+    rows = set(map(int, re.findall(r'data-event="(\d+)"', page)))
+    assert rows == expected  # the filter on the page's table
+    assert page.count(f"⚑ {rule_name}</a>") == len(expected)  # each row marked
+
+
+def test_the_purge_of_a_deleted_incident_removes_its_matches(falco, incident):
+    from timelines.ingest.purge import delete_incident, purge_incident
+
+    insights.refresh(incident.pk)
+    assert DetectionEvent.objects.filter(incident=incident).exists()
+    delete_incident(incident)
+    purge_incident(incident.pk)
+    assert not DetectionEvent.objects.filter(incident_id=incident.pk).exists()

@@ -279,6 +279,9 @@ CELERY_BEAT_SCHEDULE = {
     # audit webhook streams: slots past their retention emptied (streams.store.apply_retention)
     "stream-retention": {"task": "streams.tasks.apply_stream_retention", "schedule": 300.0},
 }
+# A web process does at start what its first request would (hindsight/warmup.py), so that the
+# first request is as fast as the next ones.
+WARM_UP = env_bool("HINDSIGHT_WARM_UP", True)
 # An upload whose worker has not reported progress for this long is taken to be lost.
 UPLOAD_STALE_SECONDS = env_int("HINDSIGHT_UPLOAD_STALE_SECONDS", 300)
 UPLOAD_MAX_ATTEMPTS = env_int("HINDSIGHT_UPLOAD_MAX_ATTEMPTS", 3)

@@ -112,6 +112,16 @@ class Upload(models.Model):
         FAILED = "failed"
         SKIPPED = "skipped"  # a file inside a bundle that holds no evidence we read
 
+    class Stage(models.TextChoices):
+        """How far the incident's answer is, beside ``status`` (README, Architecture: the first
+        answer first). ``reading``: the file is being read; ``ready``: its events are stored
+        and every read answers exactly, while the analyses (``timelines.analysis.registry``)
+        run behind it, ``status`` still ``running``; ``complete``: nothing more to do (``status``
+        is ``done`` only then, or ``failed``/``skipped``)."""
+        READING = "reading"
+        READY = "ready"
+        COMPLETE = "complete"
+
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="uploads")
     # A file inside a bundle is an upload of its own, with the bundle as parent.
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
@@ -129,6 +139,10 @@ class Upload(models.Model):
     uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                     on_delete=models.SET_NULL, related_name="+")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    stage = models.CharField(max_length=10, choices=Stage.choices, default=Stage.READING)
+    # The analyses behind the first answer while ``stage`` is ready: {"done": k, "total": n,
+    # "running": name}; {"done": n, "total": n} once complete.
+    analyses = models.JSONField(default=dict, blank=True)
     bytes_total = models.BigIntegerField(default=0)
     bytes_read = models.BigIntegerField(default=0)
     event_count = models.BigIntegerField(default=0)  # requests parsed from the file
@@ -170,6 +184,14 @@ class Upload(models.Model):
 
     @property
     def finished(self) -> bool:
+        """Whether reading the file is over: its events are stored (``stage`` ready or
+        complete) or it failed or held nothing we read."""
+        return (self.status in (self.Status.DONE, self.Status.FAILED, self.Status.SKIPPED)
+                or self.stage != self.Stage.READING)
+
+    @property
+    def complete(self) -> bool:
+        """Whether nothing more will happen to it: read and analysed, failed or skipped."""
         return self.status in (self.Status.DONE, self.Status.FAILED, self.Status.SKIPPED)
 
 

@@ -84,7 +84,8 @@ class UploadSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Upload
-        fields = ["id", "name", "format", "status", "progress", "bytes_read", "bytes_total",
+        fields = ["id", "name", "format", "status", "stage", "analyses", "progress",
+                  "bytes_read", "bytes_total",
                   "events", "new_events", "skipped_lines", "redacted", "errors", "message",
                   "notes", "attempts", "created_at", "started_at", "finished_at", "url",
                   "incident", "incident_id", "incident_url", "parent", "files"]

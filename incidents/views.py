@@ -139,6 +139,8 @@ def incident_detail(request, pk):
         "incident": incident,
         "uploads": uploads,
         "any_running": any_running,
+        # the page polls these: being read, or analysed behind their first answer
+        "any_incomplete": any(not u.complete for u in uploads),
         "any_failed": any_failed,
         # while uploads run or have failed, the finished ones are folded away behind "show all"
         "fold_settled": (any_running or any_failed) and any(
@@ -169,7 +171,9 @@ def incident_detail(request, pk):
         "timeline_colours": {**OUTCOME_COLOURS, **KIND_COLOURS},
         "gantt_group": request.GET.get("lanes", "object"),
         "gantt_colour": request.GET.get("colour", "verb"),
-        "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE),
+        # stored events: also of files whose analyses are still running (stage ready)
+        "event_total": sum(u.new_events for u in uploads if u.status == Upload.Status.DONE
+                           or u.stage == Upload.Stage.READY),
     })
 
 
@@ -246,7 +250,8 @@ def _bundle_summary(bundle: Upload) -> dict:
     files = bundle.files.all()
     return {
         "by_status": sorted(Counter(files.values_list("status", flat=True)).items()),
-        "by_format": Counter(files.filter(status=Upload.Status.DONE)
+        "by_format": Counter(files.filter(Q(status=Upload.Status.DONE)
+                                          | Q(stage=Upload.Stage.READY))
                              .values_list("format", flat=True)).most_common(),
         "problems": list(files.exclude(status=Upload.Status.DONE)
                          .exclude(status__in=[Upload.Status.PENDING, Upload.Status.RUNNING])

@@ -176,11 +176,13 @@ def _lane_counts_postgres(queryset: QuerySet, group: str, edges: Bins, first: da
 
 def data_version(incident_id: int) -> str | None:
     """A name for the state of an incident's evidence that changes with every finished upload
-    (count and latest ``finished_at``), for cache keys; None while an upload is running, when
-    the evidence is changing under any answer."""
+    (count and latest ``finished_at``), for cache keys; None while an upload is being read,
+    when the evidence is changing under any answer (not while the analyses run behind a
+    ``ready`` upload: its events are all there)."""
     state = Upload.objects.filter(incident_id=incident_id).aggregate(
         finished=Count("pk", filter=Q(finished_at__isnull=False)), latest=Max("finished_at"),
-        running=Count("pk", filter=Q(status=Upload.Status.RUNNING)))
+        running=Count("pk", filter=Q(status=Upload.Status.RUNNING,
+                                     stage=Upload.Stage.READING)))
     if state["running"]:
         return None
     latest = state["latest"].isoformat() if state["latest"] else "-"

@@ -104,35 +104,55 @@ def _gantt_rows(queryset, index, window, *, text: bool):
     return queryset.filter(id__in=index.selected(index.id, window).tolist()) if text else queryset
 
 
-def warm_overview(incident_id: int, *, cache_figures: bool = True) -> int:
-    """Prepare a large incident's figures once its uploads have finished: build its column
-    index (``timelines.columns``: any later heatmap, filtered or not, is counted from it in
-    milliseconds) and, with ``cache_figures``, count and cache the unfiltered heatmaps
-    (``OVERVIEW_LANES``) so that the first page view is served from the cache. Does nothing
-    while an upload of the incident is still running or waiting (the last one to finish warms),
-    for a small incident (its Gantt is quick and not cached) or for an incident deleted
-    meanwhile. Returns how many views it counted."""
-    incident = Incident.objects.filter(pk=incident_id).first()
-    if incident is None or incident.uploads.filter(finished_at=None).exists():
-        return 0
-    if not aggregate.more_than(Event.objects.filter(incident=incident), MAX_SPANS):
-        return 0
-    version = aggregate.data_version(incident_id)
-    if version is not None:
-        from . import columns
+def build_column_index(incident_id: int) -> bool:
+    """Build a large incident's column index once its uploads have finished
+    (``timelines.columns``: any later heatmap, filtered or not, is counted from it in
+    milliseconds); returns whether it did. Does nothing while an upload of the incident is
+    still being read, for a small incident (its Gantt is quick) or one deleted meanwhile."""
+    incident = _large_and_settled(incident_id)
+    version = aggregate.data_version(incident_id) if incident is not None else None
+    if version is None:
+        return False
+    from . import columns
 
-        try:
-            columns.build(incident_id, version)
-        except (columns.UnusualValues, OSError) as exc:
-            # the database keeps counting: slower, the same answer (OSError: a full or
-            # read-only HINDSIGHT_COLUMNS_DIR must not fail an ingest that has succeeded)
-            log.warning("no column index for incident %s: %s", incident_id, exc)
+    try:
+        columns.build(incident_id, version)
+    except (columns.UnusualValues, OSError) as exc:
+        # the database keeps counting: slower, the same answer (OSError: a full or read-only
+        # HINDSIGHT_COLUMNS_DIR must not fail an ingest that has succeeded)
+        log.warning("no column index for incident %s: %s", incident_id, exc)
+        return False
+    return True
+
+
+def warm_overview(incident_id: int, *, cache_figures: bool = True) -> int:
+    """Prepare a large incident's figures once its uploads have finished: its column index
+    (``build_column_index``, unless built already) and, with ``cache_figures``, the unfiltered
+    heatmaps (``OVERVIEW_LANES``) counted and cached so that the first page view is served from
+    the cache. Does nothing while an upload of the incident is still being read, for a small
+    incident (its Gantt is quick and not cached) or for an incident deleted meanwhile. Returns
+    how many views it counted."""
+    incident = _large_and_settled(incident_id)
+    if incident is None:
+        return 0
+    build_column_index(incident_id)  # nothing to do if built already
     if not cache_figures:
         return 0
     for group in OVERVIEW_LANES:
         figure_json(incident, QueryDict(), group=group)
     log.info("counted the overview of incident %s", incident_id)
     return len(OVERVIEW_LANES)
+
+
+def _large_and_settled(incident_id: int) -> Incident | None:
+    """The incident, if every upload of it has been read and it holds more events than the
+    Gantt draws one by one."""
+    incident = Incident.objects.filter(pk=incident_id).first()
+    if incident is None or incident.uploads.filter(finished_at=None).exists():
+        return None
+    if not aggregate.more_than(Event.objects.filter(incident=incident), MAX_SPANS):
+        return None
+    return incident
 
 
 def shared_cache() -> bool:

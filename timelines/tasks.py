@@ -10,11 +10,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
 
-from .analysis import insights
-from .ingest import fail_upload, ingest_upload, purge, settle_years, uploads
+from .analysis.registry import complete_incident
+from .ingest import fail_upload, ingest_upload, purge, uploads
 from .ingest.pipeline import TRANSIENT_ERRORS
-from .ingest.store import analyze_time_order
-from .queries import warm_overview
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +37,8 @@ def ingest_upload_task(self, upload_id: int) -> None:
         return
     failure = None
     try:
-        upload = ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn)
+        upload = ingest_upload(upload_id, claimant=self.request.id or None, spawn=_spawn,
+                               complete=False)
     except SoftTimeLimitExceeded:
         failure = (f"ingest took longer than {settings.CELERY_TASK_SOFT_TIME_LIMIT} s "
                    "and was stopped; the events stored so far are kept")
@@ -56,35 +55,32 @@ def ingest_upload_task(self, upload_id: int) -> None:
         fail_upload(upload_id, failure)
         return
     if upload is not None and upload.finished:
-        warm_overview_task.delay(upload.incident_id)
+        try:
+            complete_incident_task.delay(upload.incident_id)
+        except Exception:  # the broker is away (a restart): the analyses here, now, instead
+            log.warning("could not queue the analyses of incident %s; running them here",
+                        upload.incident_id, exc_info=True)
+            complete_incident(upload.incident_id)
 
 
-@shared_task(soft_time_limit=600, time_limit=660, autoretry_for=TRANSIENT_ERRORS, retry_backoff=5,
-             retry_jitter=True, max_retries=3)
-def warm_overview_task(incident_id: int) -> None:
-    """Once an incident's uploads have all finished: move the logs whose year was guessed to the
-    year the rest of the incident gives (``ingest.settle_years``), then count the overview
-    figures, so that the first page view does not wait for them (``queries.warm_overview``). Does
-    nothing if the incident was deleted meanwhile or another upload is still on its way (its own
-    task does this when it finishes). Both steps are idempotent: database errors are retried; a
-    failure leaves the guessed years until the incident's next upload finishes, and the first
-    page view counts the figures itself."""
-    finish_incident(incident_id)
+@shared_task(soft_time_limit=1800, time_limit=1860, autoretry_for=TRANSIENT_ERRORS,
+             retry_backoff=5, retry_jitter=True, max_retries=3)
+def complete_incident_task(incident_id: int) -> None:
+    """Behind the first answer: once an incident's uploads are all ``ready``, run its analyses
+    (``analysis.registry.complete_incident``: guessed years settled, the column index, the
+    overview, insights, pod facts, whatever is registered) and mark its uploads ``done``. Does
+    nothing if the incident was deleted meanwhile, if an upload is still being read (its own
+    task does this when it is ready) or if another run completed it. Idempotent: database errors
+    are retried; a completion lost altogether is queued again by ``requeue_stale_uploads``, and
+    meanwhile every read computes what it needs itself."""
+    complete_incident(incident_id)
 
 
-def finish_incident(incident_id: int, *, cache_figures: bool = True) -> None:
-    """What follows the last upload of an incident to finish, wherever uploads are ingested (a
-    worker, the embedded thread, ``manage.py ingest``): guessed years settled, then the overview
-    counted (``cache_figures``: see ``queries.warm_overview``), then its insights computed and
-    stored for the new data version (``analysis.insights``)."""
-    settle_years(incident_id)
-    analyze_time_order()
-    warm_overview(incident_id, cache_figures=cache_figures)
-    insights.refresh_after_ingest(incident_id)
-    if cache_figures:  # where the cache is shared: the pod phases' facts and unfiltered answer
-        from .analysis import pods_views
-
-        pods_views.warm(incident_id)
+def finish_incident(incident_id: int, *, cache_figures: bool = True) -> bool:
+    """The incident's analyses run now, whether or not an upload waits for them
+    (``complete_incident``; ``cache_figures`` says whether the figures counted go to a cache
+    the readers share); does nothing while an upload is still being read."""
+    return complete_incident(incident_id, cache=cache_figures, again=True)
 
 
 def _reason(exc: Exception) -> str:
@@ -104,7 +100,7 @@ def _spawn(upload_ids: list[int]) -> None:
 def requeue_stale_uploads() -> int:
     """Give uploads whose worker was lost to a new worker, or fail them
     (``ingest.uploads.requeue_stale``); the beat runs it every minute. Returns how many."""
-    return uploads.requeue_stale(enqueue_ingest)
+    return uploads.requeue_stale(enqueue_ingest, enqueue_complete)
 
 
 @shared_task(
@@ -143,19 +139,36 @@ def enqueue_ingest(upload_id: int) -> None:
     transaction.on_commit(lambda: _start_thread(upload_id))
 
 
+def enqueue_complete(incident_id: int) -> None:
+    """Complete an incident (its analyses) on a Celery worker when a broker is configured,
+    else in a thread of this process."""
+    if settings.CELERY_BROKER_URL:
+        complete_incident_task.delay(incident_id)
+        return
+
+    def run() -> None:
+        try:
+            complete_incident(incident_id)
+        except Exception:  # the uploads stay ready: the next sweep starts it again
+            log.exception("analyses of incident %s failed", incident_id)
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name=f"complete-{incident_id}", daemon=True).start()
+
+
 def _start_thread(upload_id: int) -> None:
     def run() -> None:
         try:
-            upload, failed = None, False
+            failed = False
             try:
-                upload = ingest_upload(upload_id)
-            except Exception:  # the row says failed; the log says why
+                # the first answer once ready, then the analyses in this same thread
+                ingest_upload(upload_id)
+            except Exception:  # the row says failed (unless it was ready); the log says why
                 log.exception("ingest of upload %s failed", upload_id)
                 failed = True
             if failed:  # out of the except block, as in ingest_upload_task
                 fail_upload(upload_id, "ingest failed unexpectedly; see the server log")
-            elif upload is not None and upload.finished:
-                finish_incident(upload.incident_id)
         finally:
             connection.close()
 

@@ -93,9 +93,15 @@ class Uploader(_Client):
             upload_id = answer.json()["id"]
         with open(PLAN["uploads_log"], "a") as log:  # before waiting: a stopped run counts it
             log.write(json.dumps({"id": upload_id, **source}) + "\n")
+        ready = False
         while True:
             time.sleep(0.5)  # gevent's, under locust
             state = self.get(f"/api/v1/uploads/{upload_id}/", "upload status (GET)")
+            if state is not None and not ready and state.get("stage") in ("ready", "complete"):
+                ready = True  # the first answer: its events readable, the analyses behind it
+                events.request.fire(request_type="UPLOAD", name="upload, until ready",
+                                    response_time=(time.perf_counter() - started) * 1000,
+                                    response_length=0, exception=None, context={})
             if state is not None and state["status"] in FINISHED:
                 break
         problem = None

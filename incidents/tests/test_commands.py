@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from django.db import connection
 
 from hindsight.testing import requests_in
 from incidents.models import ApiToken, Incident, Membership, Team, Upload
-from timelines.models import Event
+from timelines.analysis.registry import registered
+from timelines.models import Event, IncidentInsights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,7 +175,10 @@ def test_ingest_as_a_real_process_exit_code_and_last_line(audit_files, fixtures_
 
     assert ok.returncode == 0, ok.stderr
     summary = last_json_line(ok.stdout)
-    assert [u["status"] for u in summary["uploads"]] == ["done", "done"]
+    # it returned once the events were readable; the analyses run behind, in a process of
+    # their own, which marks the files done
+    assert [(u["status"], u["stage"]) for u in summary["uploads"]] == [("running", "ready")] * 2
+    assert summary["ready_s"] > 0 and summary["complete_s"] is None
     assert [u["events"] for u in summary["uploads"]] == [
         len(requests_in(p)) for p in audit_files[:2]]
     # the process wrote to this test's database
@@ -181,15 +186,24 @@ def test_ingest_as_a_real_process_exit_code_and_last_line(audit_files, fixtures_
     assert incident.title == "proc"
     assert Event.objects.filter(incident=incident).count() == sum(
         len(requests_in(p)) for p in audit_files[:2])
+    deadline = time.monotonic() + 60
+    while incident.uploads.exclude(status=Upload.Status.DONE).exists():
+        assert time.monotonic() < deadline, "the analyses behind the first answer never ended"
+        time.sleep(0.1)
+    total = len(registered())
+    assert list(incident.uploads.values_list("stage", "analyses")) == [
+        ("complete", {"done": total, "total": total})] * 2
+    assert IncidentInsights.objects.filter(incident=incident).exists()
 
     bad = str(fixtures_dir / "audit" / "falco" / "fal_01_003.json")
     failed = subprocess.run([sys.executable, "manage.py", "ingest", good[1], bad,
-                             "--incident", "proc bad", "--json"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+                             "--incident", "proc bad", "--json", "--wait-complete"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
 
     assert failed.returncode == 1
     summary = last_json_line(failed.stdout)
     assert [u["status"] for u in summary["uploads"]] == ["done", "failed"]
+    assert summary["complete_s"] >= summary["ready_s"] > 0
     assert "1 of 2" in failed.stderr
 
 

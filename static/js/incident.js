@@ -1,5 +1,6 @@
 // Incident page: live progress of uploads that are still being ingested.
-// Polls each unfinished upload's status URL once a second and updates its row in place.
+// Polls each unfinished upload's status URL once a second and updates its row in place: the
+// file being read, then "ready" (its events are there) while the analyses behind it run.
 (function () {
   "use strict";
   // Analysis links (data-carry-filters) open with the page's current filters: its URL's query,
@@ -51,11 +52,20 @@
     set(row, "events", upload.events);
     set(row, "skipped_lines", upload.skipped_lines);
     set(row, "redacted", upload.redacted);
+    const analyses = upload.analyses || {};
+    set(row, "stage", upload.stage !== "ready" ? "" : "ready; analysing" + (analyses.total
+      ? " " + analyses.done + "/" + analyses.total + (analyses.running ? " (" + analyses.running + ")" : "")
+      : ""));
+    if (upload.stage === "ready" && !row.dataset.ready) {
+      row.dataset.ready = "1";  // the first answer is there: the events can be seen already
+      const hint = document.getElementById("reload-hint");
+      if (hint) hint.hidden = false;
+    }
     if (upload.status === "done" || upload.status === "failed") {
       if (upload.message) set(row, "problems", upload.message);
       row.dataset.finished = "1";
       const hint = document.getElementById("reload-hint");
-      if (hint) hint.hidden = false;
+      if (hint && !row.dataset.ready) hint.hidden = false;  // (if ready, said so already)
       return;
     }
     setTimeout(() => poll(row), 1000);

@@ -14,6 +14,8 @@ the timeline by eye, computed from the stored events.
 - ``compare``: two runs aligned on an anchor event, their steps matched in order
   (``GET /api/v1/incidents/{a}/compare/?against={b}``, the run-against-run page);
 - ``history``: everything about one object in order (``GET /api/v1/incidents/{id}/history/``).
+- ``registry``: what runs behind the first answer once an incident's uploads are ready (the column
+  index, overview, insights, pod facts), registered in one place (``after_ready``).
 
 Each module is pure functions over rows where it can be; its ``*_views`` module is the HTTP
 side. They select events with ``filtered``: the events API's filters and access rules.

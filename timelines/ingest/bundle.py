@@ -20,7 +20,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from incidents.models import Upload
@@ -82,10 +82,12 @@ def unpack_upload(upload: Upload) -> list[int]:
         )
         if member.refused in SKIPPED_REFUSALS:
             child.status = Upload.Status.SKIPPED
+            child.stage = Upload.Stage.COMPLETE
             child.message = f"{member.refused}, not extracted"
             child.finished_at = timezone.now()
         elif member.refused:
             child.status = Upload.Status.FAILED
+            child.stage = Upload.Stage.COMPLETE
             child.message = f"{member.name}: {member.refused}"
             child.errors = [child.message]
             child.finished_at = timezone.now()
@@ -113,11 +115,13 @@ def finish_bundle(bundle_id: int, *, file_finished: bool = True) -> bool:
     """Close the bundle if all its files have finished; True if this call closed it.
 
     Safe to call after every file from any worker: only the call that moves the bundle from
-    ``running`` to ``done`` (a compare-and-set) does the closing work. ``file_finished=False``
+    stage ``reading`` to ``ready`` (a compare-and-set; ``done`` comes with the incident's
+    completion, like its files') or to ``failed`` does the closing work. ``file_finished=False``
     (a sweep, not a file) leaves the bundle's progress and heartbeat as they are.
     """
     files = Upload.objects.filter(parent_id=bundle_id)
-    if files.filter(status__in=[Upload.Status.PENDING, Upload.Status.RUNNING]).exists():
+    if files.filter(Q(status=Upload.Status.PENDING)
+                    | Q(status=Upload.Status.RUNNING, stage=Upload.Stage.READING)).exists():
         if file_finished:
             _update_progress(bundle_id)
         return False
@@ -130,20 +134,24 @@ def finish_bundle(bundle_id: int, *, file_finished: bool = True) -> bool:
         if len(errors) >= MAX_KEPT_ERRORS:
             break
     failed = files.filter(status=Upload.Status.FAILED).count()
-    usable = files.filter(status=Upload.Status.DONE).count()
+    usable = files.filter(Q(status=Upload.Status.DONE) | Q(status=Upload.Status.RUNNING,
+                                                           stage=Upload.Stage.READY)).count()
     message = ""
     if failed:
         message = f"{failed} of {files.count()} files failed"
     if not usable:
         message = message or "no file in the bundle holds evidence Hindsight reads"
-    bundle = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).first()
+    bundle = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING,
+                                   stage=Upload.Stage.READING).first()
     if bundle is None:
         return False
     # Its files are all finished: nobody reads the work directory any more. Freed first, so
     # that the bundle is never reported finished while it still occupies the disk.
     freed = free_files(bundle)
-    closed = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).update(
-        status=Upload.Status.DONE if usable else Upload.Status.FAILED,
+    closed = Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING,
+                                   stage=Upload.Stage.READING).update(
+        status=Upload.Status.RUNNING if usable else Upload.Status.FAILED,
+        stage=Upload.Stage.READY if usable else Upload.Stage.COMPLETE,
         message=message, errors=errors, finished_at=timezone.now(), heartbeat_at=timezone.now(),
         **freed, **{k: v or 0 for k, v in totals.items()},
     )
@@ -158,8 +166,10 @@ def _update_progress(bundle_id: int) -> None:
     if Upload.objects.filter(pk=bundle_id, heartbeat_at__gt=recent).exists():
         return
     finished = Upload.objects.filter(parent_id=bundle_id).exclude(
-        status__in=[Upload.Status.PENDING, Upload.Status.RUNNING])
+        Q(status=Upload.Status.PENDING)
+        | Q(status=Upload.Status.RUNNING, stage=Upload.Stage.READING))
     done = finished.aggregate(bytes=Sum("bytes_total"), event_count=Sum("event_count"))
-    Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING).update(
+    Upload.objects.filter(pk=bundle_id, status=Upload.Status.RUNNING,
+                          stage=Upload.Stage.READING).update(
         bytes_read=done["bytes"] or 0, event_count=done["event_count"] or 0,
         heartbeat_at=timezone.now())

@@ -67,8 +67,14 @@ THREAD_MIN_BYTES = 8 * 1024**2
 def ingest_upload(upload_id: int, claimant: str | None = None,
                   on_progress: Callable[[int, int, int], None] | None = None,
                   spawn: Callable[[list[int]], None] | None = None, *,
-                  table: str | None = None) -> Upload | None:
-    """Ingest one upload, start to finish; returns the row as it then is.
+                  table: str | None = None, complete: bool = True) -> Upload | None:
+    """Ingest one upload; returns the row as it then is.
+
+    Its events stored, the upload is ``running`` at stage ``ready`` (``Upload.Stage``). Then,
+    with ``complete``, if it was the incident's last upload being read, the incident's
+    analyses run here (``analysis.registry.complete_incident``) and its ready uploads become
+    ``done``/``complete``; without, the caller completes the incident behind the first answer
+    (the Celery task queues a task of its own; ``manage.py ingest`` a detached process).
 
     A bundle is unpacked into one child upload per file inside, which ``spawn(ids)`` ingests
     (Celery: one task each; default: one after another, here). The bundle finishes with its last
@@ -93,9 +99,11 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
     stale = now - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
     claimed = Upload.objects.filter(
         Q(status=Upload.Status.PENDING)
-        | Q(status=Upload.Status.RUNNING) & (Q(claimed_by=claimant) | Q(heartbeat_at__lt=stale)),
+        | Q(status=Upload.Status.RUNNING, stage=Upload.Stage.READING)
+        & (Q(claimed_by=claimant) | Q(heartbeat_at__lt=stale)),
         pk=upload_id,
-    ).update(status=Upload.Status.RUNNING, claimed_by=claimant, started_at=now,
+    ).update(status=Upload.Status.RUNNING, stage=Upload.Stage.READING, claimed_by=claimant,
+             started_at=now,
              heartbeat_at=now, attempts=F("attempts") + 1, message="")
     if not claimed:
         return None
@@ -108,7 +116,7 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
             children = unpack_upload(upload)
             if spawn is None:
                 for child in children:
-                    ingest_upload(child)
+                    ingest_upload(child, complete=False)
             else:
                 spawn(children)
             finish_bundle(upload.pk)
@@ -136,6 +144,10 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
             raise
     if refused:  # out of the except block: the failed run's frames and handles are released
         fail_upload(upload_id, refused)
+    elif complete and table is None:
+        from ..analysis.registry import complete_incident
+
+        complete_incident(upload.incident_id)
     return Upload.objects.filter(pk=upload_id).first()
 
 
@@ -182,13 +194,18 @@ def _abandon(upload: Upload, exc: Exception) -> None:
 def fail_upload(upload_id: int, message: str) -> None:
     """Mark an upload failed (unless it finished meanwhile), having first deleted Hindsight's copy
     of its file, which may hold secrets, and a bundle's unpacked files (``bundle.free_files``):
-    once ``failed`` is written, nothing of the upload is left on disk."""
-    upload = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).first()
+    once ``failed`` is written, nothing of the upload is left on disk. An upload whose events
+    are stored (stage ``ready``) is not failed by what happens after: the analyses' failures
+    are logged, and the readers compute what they need themselves."""
+    upload = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).exclude(
+        stage=Upload.Stage.READY).first()
     if upload is None:
         return
     freed = free_files(upload)
-    changed = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).update(
-        status=Upload.Status.FAILED, message=message, finished_at=timezone.now(), **freed)
+    changed = Upload.objects.filter(pk=upload_id).exclude(status=Upload.Status.DONE).exclude(
+        stage=Upload.Stage.READY).update(status=Upload.Status.FAILED,
+                                         stage=Upload.Stage.COMPLETE, message=message,
+                                         finished_at=timezone.now(), **freed)
     if changed and upload.parent_id is not None:  # its bundle may have been waiting for it alone
         finish_bundle(upload.parent_id)
 
@@ -260,7 +277,7 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     writer.note_replaced(report)
     progress.parsed(total, progress.rows)
     _finish(upload, Upload.Status.DONE, report, rows=progress.rows, new=writer.new_rows,
-            bytes_read=total)
+            bytes_read=total, table=table)
     if (connection.vendor == "postgresql" and table is None
             and writer.new_rows >= ANALYZE_AFTER_ROWS):
         # Fresh statistics now, not whenever autovacuum comes by: without them the planner
@@ -279,8 +296,15 @@ def _hints(stored: dict) -> ParseHints | None:
 
 
 def _finish(upload: Upload, status: str, report: Report, *, message: str = "", rows: int = 0,
-            new: int = 0, bytes_read: int | None = None) -> None:
-    fields = dict(status=status, message=message, event_count=rows, new_events=new,
+            new: int = 0, bytes_read: int | None = None, table: str | None = None) -> None:
+    """The end of reading a file. ``status`` done means stored: the row says ``running`` at
+    stage ``ready`` (``done`` comes with ``complete``, after the analyses), or, loaded into a
+    bulk load ``table``, still ``reading`` until the load is attached (``bulk.finish_load``)."""
+    stage = Upload.Stage.COMPLETE
+    if status == Upload.Status.DONE:
+        status = Upload.Status.RUNNING
+        stage = Upload.Stage.READING if table is not None else Upload.Stage.READY
+    fields = dict(status=status, stage=stage, message=message, event_count=rows, new_events=new,
                   skipped_lines=report.skipped, redacted=report.redacted, errors=report.errors,
                   notes=report.notes, finished_at=timezone.now(), heartbeat_at=timezone.now(),
                   hints=record_guess(upload.hints, report.year_guess))

@@ -69,23 +69,38 @@ def create_local_upload(incident: Incident, path: str | os.PathLike, user=None) 
                                  bytes_total=path.stat().st_size if path.is_file() else 0)
 
 
-def requeue_stale(enqueue: Callable[[int], None]) -> int:
+def requeue_stale(enqueue: Callable[[int], None],
+                  complete: Callable[[int], None] | None = None) -> int:
     """Give uploads whose worker was lost (no heartbeat for ``UPLOAD_STALE_SECONDS``) to a new
     worker (``enqueue(upload_id)``), or fail them after ``UPLOAD_MAX_ATTEMPTS``, so that none
-    stays ``running`` forever. Returns how many were requeued or failed."""
+    stays ``running`` forever; and start again (``complete(incident_id)``) the analyses of
+    incidents whose ``ready`` uploads stopped beating (``analysis.registry``). Returns how many
+    were requeued or failed."""
     stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
+    count = 0
+    if complete is not None:
+        waiting = Upload.objects.filter(status=Upload.Status.RUNNING, stage=Upload.Stage.READY,
+                                        heartbeat_at__lt=stale)
+        for incident_id in set(waiting.values_list("incident_id", flat=True)):
+            # its lost run's claim given up (analysis.registry._claim)
+            if waiting.filter(incident_id=incident_id).update(heartbeat_at=timezone.now(),
+                                                              analyses={}):
+                count += 1
+                complete(incident_id)
     # An unpacked bundle is not lost while its files are being ingested: its files are watched
     # one by one, and the last to finish closes it; close any whose closing was missed.
-    count = 0
     for bundle_id in Upload.objects.filter(status=Upload.Status.RUNNING, format="bundle",
-                                           heartbeat_at__lt=stale).values_list("pk", flat=True):
+                                           stage=Upload.Stage.READING, heartbeat_at__lt=stale,
+                                           ).values_list("pk", flat=True):
         count += finish_bundle(bundle_id, file_finished=False)
     # A bundle's waiting files are not lost while the bundle moves (its heartbeat is fresh as
     # long as files finish): they are queued behind each other, not missing from the queue.
     waiting_too_long = Q(status=Upload.Status.PENDING, created_at__lt=stale, heartbeat_at=None) & (
         Q(parent=None) | Q(parent__heartbeat_at__lt=stale))
+    # (A file read into a bulk load waits, read, for the load's end: not lost.)
     lost = Upload.objects.filter(
-        Q(status=Upload.Status.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
+        Q(status=Upload.Status.RUNNING, stage=Upload.Stage.READING, finished_at=None)
+        & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
         | waiting_too_long
     ).exclude(format="bundle")
     for upload in lost.only("pk", "attempts", "status"):
@@ -104,7 +119,8 @@ def lost_too_often(upload_id: int, claimant: str | None) -> bool:
     ``UPLOAD_MAX_ATTEMPTS`` times and none ended: still ``running``, claimed by this task, with
     the heartbeat that a run clears when it ends in an error to retry."""
     lost = Upload.objects.filter(
-        pk=upload_id, status=Upload.Status.RUNNING, claimed_by=claimant or "-",
+        pk=upload_id, status=Upload.Status.RUNNING, stage=Upload.Stage.READING,
+        claimed_by=claimant or "-",
         heartbeat_at__isnull=False, attempts__gte=settings.UPLOAD_MAX_ATTEMPTS,
     ).values_list("attempts", flat=True).first()
     if lost is None:

@@ -19,6 +19,7 @@ from hindsight.testing import page_query
 from incidents.models import Incident
 from incidents.notes import Sequence, format_time
 from timelines.analysis import common, insights
+from timelines.ingest import create_local_upload, ingest_upload
 from timelines.ingest.purge import delete_incident
 from timelines.models import Event, IncidentInsights
 from timelines.tasks import finish_incident
@@ -381,12 +382,15 @@ def test_an_incident_without_evidence_has_no_findings(incident, api_as, owner):
     assert api_as(owner).get(url(incident)).json() == []
 
 
-def test_finishing_the_uploads_stores_the_insights(incident, ingest_file, demo_log):
-    ingest_file(incident, demo_log)
+def test_finishing_the_uploads_stores_the_insights(incident, demo_log):
+    upload = ingest_upload(create_local_upload(incident, demo_log).pk, complete=False)
+    assert (upload.status, upload.stage) == ("running", "ready")
     assert not IncidentInsights.objects.filter(incident=incident).exists()
     finish_incident(incident.pk, cache_figures=False)
     row = IncidentInsights.objects.get(incident=incident)
     assert row.insights == insights.compute(incident.pk)
+    upload.refresh_from_db()
+    assert (upload.status, upload.stage) == ("done", "complete")
 
 
 def test_deleting_the_incident_removes_its_insights(incident, ingest_file, demo_log):

@@ -80,7 +80,9 @@ def load(incident: Incident, paths) -> bulk.LoadResult:
     table = bulk.start_load(incident.pk)
     for path in paths:
         upload = ingest_upload(create_local_upload(incident, path).pk, table=table)
-        assert upload.status == "done", upload.message
+        # read into the load table: not readable before the load is attached
+        assert (upload.status, upload.stage) == ("running", "reading"), upload.message
+        assert upload.finished_at is not None
     return bulk.finish_load(incident.pk, table)
 
 

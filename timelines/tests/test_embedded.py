@@ -95,7 +95,7 @@ def test_an_api_upload_is_ingested_in_a_thread_of_the_web_process(client, owner,
     upload_id = answer.json()["id"]
 
     deadline = time.monotonic() + 30
-    while not Upload.objects.get(pk=upload_id).finished and time.monotonic() < deadline:
+    while not Upload.objects.get(pk=upload_id).complete and time.monotonic() < deadline:
         time.sleep(0.05)
 
     upload = Upload.objects.get(pk=upload_id)

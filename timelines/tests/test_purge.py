@@ -169,7 +169,7 @@ def test_a_bulk_load_whose_incident_is_deleted_becomes_visible_nowhere(tmp_path,
     incident = Incident.objects.create(title="bulk, deleted", team=team)
     table = bulk.start_load(incident.pk)
     path = write_log(tmp_path / "a.log", audit_event("req-1", "ResponseComplete"))
-    assert ingest_upload(create_local_upload(incident, path).pk, table=table).status == "done"
+    assert ingest_upload(create_local_upload(incident, path).pk, table=table).stage == "reading"
     delete_incident(incident)
 
     with pytest.raises(IncidentGone):

@@ -76,7 +76,7 @@ def test_a_worker_ingests_an_upload_posted_to_the_api(client, owner, token_for, 
     expected = len({orjson.loads(line)["auditID"] for line in source.read_bytes().splitlines()})
     upload_id = _post(client, token_for(owner), source, "via worker")
 
-    upload = _wait(upload_id, lambda u: u.finished)
+    upload = _wait(upload_id, lambda u: u.complete)
 
     assert upload.status == Upload.Status.DONE, upload.message
     assert upload.event_count == expected
@@ -112,7 +112,7 @@ def test_a_killed_worker_s_upload_runs_again_without_losing_or_doubling_events(
     for child in children:
         child.kill()
 
-    upload = _wait(upload_id, lambda u: u.finished, timeout=180)
+    upload = _wait(upload_id, lambda u: u.complete, timeout=180)
 
     assert upload.status == Upload.Status.DONE, upload.message
     assert upload.attempts >= 2
@@ -177,7 +177,7 @@ def test_a_bundle_s_files_are_ingested_by_tasks_of_their_own(client, owner, toke
             archive.addfile(info, io.BytesIO(data))
     upload_id = _post(client, token_for(owner), bundle, "bundle via worker")
 
-    upload = _wait(upload_id, lambda u: u.finished)
+    upload = _wait(upload_id, lambda u: u.complete)
 
     files = list(Upload.objects.filter(parent_id=upload_id))
     assert upload.status == Upload.Status.DONE, upload.message

@@ -75,12 +75,12 @@ def audit_file(fixtures_dir) -> Path:
 def klog_before_audit(incident, klog_file, audit_file) -> tuple[Upload, Upload, int]:
     """The klog file ingested alone (its year assumed), then the audit log; not settled yet.
     Returns both uploads and the year the klog file was first given."""
-    klog = ingest_upload(create_local_upload(incident, klog_file).pk)
+    klog = ingest_upload(create_local_upload(incident, klog_file).pk, complete=False)
     assumed = log_times(klog)[0].year
     assert log_times(klog) == header_times(klog_file, assumed)
     assert "assumed" in year_note(klog)
     assert assumed != audit_year(audit_file)  # else nothing would have to move
-    audit = ingest_upload(create_local_upload(incident, audit_file).pk)
+    audit = ingest_upload(create_local_upload(incident, audit_file).pk, complete=False)
     return klog, audit, assumed
 
 
@@ -182,17 +182,17 @@ def test_nothing_moves_while_an_upload_of_the_incident_is_unfinished(incident, k
     assert settle_years(incident.pk) == {}
     assert log_times(klog) == header_times(klog_file, assumed)
 
-    ingest_upload(waiting.pk)
+    ingest_upload(waiting.pk, complete=False)
     assert list(settle_years(incident.pk)) == [klog.pk]
 
 
 def test_the_warm_task_settles_the_years_once_the_last_upload_finished(incident, klog_file,
                                                                        audit_file):
-    from timelines.tasks import warm_overview_task
+    from timelines.tasks import complete_incident_task
 
     klog, _, assumed = klog_before_audit(incident, klog_file, audit_file)
 
-    warm_overview_task.apply(args=[incident.pk]).get()
+    complete_incident_task.apply(args=[incident.pk]).get()
 
     assert_moved(klog, klog_file, audit_year(audit_file), assumed)
 

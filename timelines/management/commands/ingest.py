@@ -2,9 +2,17 @@
 
 A contract for scripts and CI: with ``--json`` the last line on stdout is one JSON object
 ``{"incident": {"id", "url"}, "uploads": [{"name", "format", "status", "events",
-"skipped_lines", "redacted", "errors"}], "bundles": [...]}`` with one entry per file (a bundle's
-files each have their own, ``name`` being the path inside the bundle; files holding nothing we
-read are ``skipped`` with the reason in ``message``); the exit code is 0 only if no file failed.
+"skipped_lines", "redacted", "errors", "stage"}], "bundles": [...], "ready_s", "complete_s"}``
+with one entry per file (a bundle's files each have their own, ``name`` being the path inside
+the bundle; files holding nothing we read are ``skipped`` with the reason in ``message``); the
+exit code is 0 only if no file failed.
+
+It returns once the first answer is ready (``ready_s``: seconds from the start until every
+file's events are stored and readable; their uploads ``running`` at stage ``ready``) and leaves
+the analyses (``timelines.analysis.registry``) to a detached process of its own, which marks
+the uploads ``done`` when they are complete (``complete_s`` is then null).
+``--wait-complete`` waits for them too: ``complete_s`` is the seconds from the start until
+then, and the uploads say ``done``.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import multiprocessing
 import os
 import stat
 import sys
+import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -26,10 +35,11 @@ from django.db import DatabaseError, connection, connections
 from django.db.models import F, Q, Sum
 
 from incidents.models import Incident, IncidentGone, Team, Upload
+from timelines.analysis.registry import complete_incident, prepare_reads
 from timelines.ingest import bulk, create_local_upload, fail_upload, ingest_upload
+from timelines.ingest.bundle import finish_bundle
 from timelines.ingest.unpacker import is_bundle
 from timelines.queries import shared_cache
-from timelines.tasks import finish_incident
 
 
 def _start_child() -> None:
@@ -39,7 +49,7 @@ def _start_child() -> None:
 
 
 def _ingest_in_child(upload_id: int, table: str | None = None) -> int:
-    ingest_upload(upload_id, table=table)
+    ingest_upload(upload_id, table=table, complete=False)
     return upload_id
 
 
@@ -87,6 +97,9 @@ class Command(BaseCommand):
         parser.add_argument("--jobs", type=int, default=None,
                             help="files ingested at once, each in a process of its own "
                                  "(default: one more than the CPUs on PostgreSQL, 1 on SQLite)")
+        parser.add_argument("--wait-complete", action="store_true",
+                            help="return once the analyses behind the first answer are complete "
+                                 "too (default: once the first answer is ready)")
 
     def run_from_argv(self, argv) -> None:
         # From the command line, Django and its imports live as long as the process: out of the
@@ -97,6 +110,7 @@ class Command(BaseCommand):
         super().run_from_argv(argv)
 
     def handle(self, *args, **options) -> None:
+        self._started = time.monotonic()
         # Every argument is checked before anything is created: a typo makes no empty incident.
         for path in map(Path, options["paths"]):
             _check_path(path)
@@ -124,7 +138,8 @@ class Command(BaseCommand):
         with contextlib.suppress(DatabaseError):
             unfinished = Upload.objects.filter(
                 Q(pk__in=self._top) | Q(parent_id__in=self._top),
-                status__in=[Upload.Status.PENDING, Upload.Status.RUNNING],
+                Q(status=Upload.Status.PENDING)
+                | Q(status=Upload.Status.RUNNING, stage=Upload.Stage.READING),
             ).order_by(F("parent_id").desc(nulls_last=True))  # a bundle's files first
             for upload_id in list(unfinished.values_list("pk", flat=True)):
                 fail_upload(upload_id, f"manage.py ingest stopped before this file was done: "
@@ -142,7 +157,7 @@ class Command(BaseCommand):
                 continue
             if is_bundle(Path(upload.path)):
                 self.stderr.write(f"{upload.name}: unpacking …", style_func=str)
-                ingest_upload(upload.pk, spawn=files.extend)
+                ingest_upload(upload.pk, spawn=files.extend, complete=False)
             else:
                 files.append(upload.pk)
         jobs = min(len(files), self._jobs(options["jobs"]))
@@ -155,7 +170,8 @@ class Command(BaseCommand):
             else:
                 for upload_id in files:
                     name = Upload.objects.filter(pk=upload_id).values_list("name", flat=True)[0]
-                    ingest_upload(upload_id, on_progress=self._progress(name), table=table)
+                    ingest_upload(upload_id, on_progress=self._progress(name), table=table,
+                                  complete=False)
                     if self.stderr.isatty():
                         self.stderr.write("\r\033[K", ending="", style_func=str)
                     if table is None:
@@ -169,9 +185,19 @@ class Command(BaseCommand):
                 self._report(Upload.objects.get(pk=upload_id), options["json"])
         # Files were ingested in parallel: a log whose lines have no year may have been read
         # before the evidence that gives it one (timelines.ingest.years; logged, and in --json
-        # the file's notes). The column index is on disk, which the web processes share; the
-        # overview figures only when they share this process's cache too.
-        finish_incident(incident.pk, cache_figures=shared_cache())
+        # the file's notes).
+        prepare_reads(incident.pk)
+        ready_s = time.monotonic() - self._started
+        complete_s = None
+        # The analyses (the column index, on disk, which the web processes share; the overview
+        # figures only when they share this process's cache too). A caller's transaction is
+        # seen by no other process, and SQLite has one writer at a time (the web process's
+        # reads would wait for it): then here too.
+        behind = not (options["wait_complete"] or connection.in_atomic_block
+                      or connection.vendor != "postgresql")
+        if not behind:
+            complete_incident(incident.pk, cache=shared_cache(), again=True)
+            complete_s = time.monotonic() - self._started
         top = list(Upload.objects.filter(pk__in=[u.pk for u in uploads]).order_by("pk"))
         # One entry per file: a bundle's files stand for the bundle.
         entries = []
@@ -190,7 +216,8 @@ class Command(BaseCommand):
                     {"id": u.pk, "name": u.name, "format": u.format, "status": u.status,
                      "events": u.event_count, "new_events": u.new_events,
                      "skipped_lines": u.skipped_lines, "redacted": u.redacted,
-                     "errors": u.errors, "message": u.message, "notes": u.notes}
+                     "errors": u.errors, "message": u.message, "notes": u.notes,
+                     "stage": u.stage}
                     for u in entries
                 ],
                 "bundles": [
@@ -198,16 +225,46 @@ class Command(BaseCommand):
                      "files": u.files.count(), "message": u.message}
                     for u in top if u.format == "bundle"
                 ],
+                "ready_s": round(ready_s, 3),
+                "complete_s": None if complete_s is None else round(complete_s, 3),
             }
             self.stdout.write(json.dumps(summary))
         else:
             self.stdout.write(f"Incident {incident.pk}: {url}")
+        if behind:  # after the report: it says what the first answer was
+            self._complete_behind(incident.pk)
         failed = [u for u in entries if u.status == Upload.Status.FAILED]
         if failed:
             sys.stdout.flush()
             raise CommandError(f"{len(failed)} of {len(entries)} files failed: "
                                + ", ".join(u.name for u in failed[:10])
                                + (" …" if len(failed) > 10 else ""))
+
+    @staticmethod
+    def _complete_behind(incident_id: int) -> None:
+        """The incident's analyses in a detached process (its own session, no terminal, no
+        pipe of ours held open), so that this command returns now. If it dies, the uploads
+        stay ``ready`` and the sweep (``tasks.requeue_stale_uploads``) starts them again."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        connections.close_all()  # the child opens its own
+        if os.fork():
+            return
+        code = 0
+        try:
+            os.setsid()
+            if os.fork():  # a grandchild, which init adopts: nobody has to wait for it
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            complete_incident(incident_id, cache=shared_cache(), again=True)
+        except BaseException:
+            code = 1
+        finally:
+            with contextlib.suppress(BaseException):
+                connections.close_all()
+            os._exit(code)
 
     def _report_bundle(self, bundle: Upload, files: list[Upload], as_json: bool) -> None:
         by_status = Counter(f.status for f in files)
@@ -275,16 +332,23 @@ class Command(BaseCommand):
         def say(message: str) -> None:
             self.stderr.write(message, style_func=str)
 
+        # the files read into the load, waiting for it (timelines.ingest.pipeline._finish)
+        loaded = Upload.objects.filter(pk__in=upload_ids, status=Upload.Status.RUNNING,
+                                       stage=Upload.Stage.READING, finished_at__isnull=False)
         try:
             result = bulk.finish_load(incident_id, table, on_step=say)
         except BaseException as exc:
             # Nothing of the load is visible: drop it rather than leave a table behind, and say
             # so on its files (their source is intact for another try).
             bulk.abandon_load(incident_id, table)
-            Upload.objects.filter(pk__in=upload_ids, status=Upload.Status.DONE).update(
-                status=Upload.Status.FAILED, new_events=0,
-                message=f"the bulk load could not be finished: {exc}")
+            loaded.update(status=Upload.Status.FAILED, stage=Upload.Stage.COMPLETE, new_events=0,
+                          message=f"the bulk load could not be finished: {exc}")
             raise
+        # Their events are visible now: ready, and so are the bundles whose files they are.
+        loaded.update(stage=Upload.Stage.READY)
+        for parent_id in set(Upload.objects.filter(pk__in=upload_ids).exclude(parent_id=None)
+                             .values_list("parent_id", flat=True)):
+            finish_bundle(parent_id)
         say(f"{'attached' if result.attached else 'merged'} {result.events:,} events in "
             f"{sum(result.seconds.values()):.1f} s ("
             + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result.seconds.items())

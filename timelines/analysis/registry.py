@@ -1,0 +1,171 @@
+"""What runs after the first answer: the analyses of an incident, registered in one place.
+
+An incident's uploads go ``reading`` → ``ready`` → ``complete`` (``Upload.Stage``). Once the last
+of them is ``ready`` (its events stored, every read answering exactly), ``complete_incident``
+runs the analyses registered here, in order, behind the first answer (a Celery task, the
+embedded ingest thread, or a detached process of ``manage.py ingest``), shows its progress on
+the uploads (``Upload.analyses``), and then marks them ``done``/``complete``.
+
+Adding an analysis is one line, a function of the incident's id, registered with a name::
+
+    @after_ready("findings")
+    def refresh_findings(incident_id: int) -> None: ...
+
+in a module that this one imports (``_register_builtin`` below), or here. An analysis must be
+idempotent (a lost run is run again) and must not change what reads answer, only how fast:
+every reader computes what it needs itself when an analysis has not run yet. Its failure is
+logged and does not stop the others; database connection errors propagate, so that the
+worker's task retries the whole completion.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from incidents.models import Upload
+
+log = logging.getLogger(__name__)
+
+Analysis = Callable[[int], None]
+
+# name → analysis, in the order of registration (the order they run in)
+ANALYSES: dict[str, Analysis] = {}
+
+# Whether counted figures go to a cache other processes share (``cache_figures()``).
+_cache_figures: contextvars.ContextVar[bool] = contextvars.ContextVar("cache_figures",
+                                                                     default=True)
+
+
+def after_ready(name: str) -> Callable[[Analysis], Analysis]:
+    """Register ``function(incident_id)`` to run after the incident's first answer is ready."""
+    def register(function: Analysis) -> Analysis:
+        if name in ANALYSES and ANALYSES[name] is not function:
+            raise ValueError(f"two analyses named {name!r}")
+        ANALYSES[name] = function
+        return function
+    return register
+
+
+def registered() -> dict[str, Analysis]:
+    """Every analysis, by name, in the order they run."""
+    _register_builtin()
+    return ANALYSES
+
+
+def cache_figures() -> bool:
+    """Whether an analysis should count and cache figures: only where the cache is the readers'
+    own (not in a ``manage.py ingest`` process with the in-process cache)."""
+    return _cache_figures.get()
+
+
+def still_reading(incident_id: int) -> bool:
+    """Whether an upload of the incident is waiting or being read (its events not all stored)."""
+    return Upload.objects.filter(
+        Q(status=Upload.Status.PENDING)
+        | Q(status=Upload.Status.RUNNING, stage=Upload.Stage.READING),
+        incident_id=incident_id).exists()
+
+
+def prepare_reads(incident_id: int) -> None:
+    """What the first answer needs once every file is stored: the years of logs that had none
+    settled (``ingest.settle_years``: it moves rows) and the planner's statistics of time order.
+    Part of ``ready``, not of the analyses: cheap, and it changes answers or their speed."""
+    from ..ingest import settle_years
+    from ..ingest.store import analyze_time_order
+
+    settle_years(incident_id)
+    analyze_time_order()
+
+
+def complete_incident(incident_id: int, *, cache: bool = True, again: bool = False) -> bool:
+    """Run every registered analysis of the incident and mark its ``ready`` uploads ``done`` and
+    ``complete``; returns whether it did. Does nothing while an upload of the incident is still
+    being read (the last one to be ready completes) or when none is ``ready`` (completed
+    already, or the incident was deleted meanwhile). ``cache``: see ``cache_figures``. Uploads
+    that become ready meanwhile are left ``ready`` for their own completion. ``again``: run
+    the analyses even if no upload waits for them (``manage.py`` commands, tests)."""
+    if still_reading(incident_id):
+        return False
+    ready = Upload.objects.filter(incident_id=incident_id, status=Upload.Status.RUNNING,
+                                  stage=Upload.Stage.READY)
+    ids = list(ready.values_list("pk", flat=True))
+    run = f"{uuid.uuid4()}"
+    if not again and (not ids or not _claim(ids, run)):
+        return False
+    analyses = list(registered().items())
+    prepare_reads(incident_id)
+    token = _cache_figures.set(cache)
+    total = len(analyses)
+    try:
+        for done, (name, analysis) in enumerate(analyses):
+            _show(ids, {"done": done, "total": total, "running": name, "run": run})
+            started = time.monotonic()
+            try:
+                analysis(incident_id)
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception:  # the readers compute it themselves: never fail the ingest
+                log.exception("analysis %r of incident %s failed", name, incident_id)
+            log.info("analysis %r of incident %s: %.2f s", name, incident_id,
+                     time.monotonic() - started)
+    finally:
+        _cache_figures.reset(token)
+    Upload.objects.filter(pk__in=ids, status=Upload.Status.RUNNING,
+                          stage=Upload.Stage.READY).update(
+        status=Upload.Status.DONE, stage=Upload.Stage.COMPLETE,
+        analyses={"done": total, "total": total}, heartbeat_at=timezone.now())
+    return True
+
+
+def _claim(ids: list[int], run: str) -> bool:
+    """Whether this run takes the analyses of these ready uploads: none is being analysed by
+    another run (``analyses["run"]``, with a fresh heartbeat), so that the tasks of a bundle's
+    last files, finishing together, do not both run them."""
+    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS)
+    ready = Upload.objects.filter(pk__in=ids, status=Upload.Status.RUNNING,
+                                  stage=Upload.Stage.READY)
+    with transaction.atomic():  # the rows locked: two runs claim one after the other
+        rows = list(ready.select_for_update().values_list("analyses", "heartbeat_at"))
+        if not rows or any((analyses or {}).get("run") and beat and beat >= stale
+                           for analyses, beat in rows):
+            return False
+        ready.update(analyses={"done": 0, "total": len(registered()), "run": run},
+                     heartbeat_at=timezone.now())
+    return True
+
+
+def _show(ids: list[int], progress: dict) -> None:
+    """Progress on the uploads' rows, also their heartbeat: a completion that stops beating is
+    started again (``ingest.uploads.requeue_stale``)."""
+    Upload.objects.filter(pk__in=ids, stage=Upload.Stage.READY).update(
+        analyses=progress, heartbeat_at=timezone.now())
+
+
+_registered = False
+
+
+def _register_builtin() -> None:
+    """Register the project's own analyses, in the order they run (imported late: they read
+    the whole store, which imports the ingest that calls ``complete_incident``)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from ..queries import build_column_index, warm_overview
+    from . import insights, pods_views
+
+    after_ready("column index")(build_column_index)
+    after_ready("overview")(lambda incident_id: warm_overview(
+        incident_id, cache_figures=cache_figures()))
+    after_ready("insights")(insights.refresh_after_ingest)
+    after_ready("pod facts")(lambda incident_id: cache_figures() and pods_views.warm(incident_id))

@@ -1,0 +1,166 @@
+"""The first answer first: an upload goes ``reading`` → ``ready`` (its events stored, every read
+exact) → ``complete`` (the analyses registered in ``timelines.analysis.registry`` have run);
+``status`` is ``done`` only then."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from hindsight.testing import requests_in
+from incidents.models import Upload
+from timelines import aggregate
+from timelines.analysis import registry
+from timelines.analysis.registry import after_ready, complete_incident, registered
+from timelines.ingest import create_local_upload, fail_upload, ingest_upload
+from timelines.ingest.uploads import requeue_stale
+from timelines.models import IncidentInsights
+
+pytestmark = pytest.mark.django_db
+
+
+def ready_upload(incident, path) -> Upload:
+    """``path`` ingested into ``incident`` up to the first answer, the analyses not run."""
+    upload = ingest_upload(create_local_upload(incident, path).pk, complete=False)
+    assert (upload.status, upload.stage) == ("running", "ready"), upload.message
+    return upload
+
+
+@pytest.fixture
+def recorded():
+    """An analysis registered for the test (and removed after it) that records its calls."""
+    calls = []
+
+    @after_ready("test recorder")
+    def record(incident_id: int) -> None:
+        stage = set(Upload.objects.filter(incident_id=incident_id)
+                    .values_list("status", "stage"))
+        calls.append((incident_id, stage))
+
+    yield calls
+    registry.ANALYSES.pop("test recorder")
+
+
+def test_a_ready_upload_answers_exactly_and_says_so_in_its_status(incident, demo_log, api_as,
+                                                                 owner):
+    upload = ready_upload(incident, demo_log)
+    client = api_as(owner)
+
+    status = client.get(f"/api/v1/uploads/{upload.pk}/").json()
+    assert (status["status"], status["stage"]) == ("running", "ready")
+    # every read answers from the stored events, as it will once complete
+    expected = len(requests_in(demo_log))
+    assert upload.event_count == expected
+    page = client.get(f"/api/v1/incidents/{incident.pk}/events/",
+                      {"page_size": expected + 10}).json()
+    assert len(page["results"]) == expected
+    assert aggregate.data_version(incident.pk) is not None  # final: its answers may be cached
+    assert not IncidentInsights.objects.filter(incident=incident).exists()
+
+    assert complete_incident(incident.pk)
+
+    status = client.get(f"/api/v1/uploads/{upload.pk}/").json()
+    total = len(registered())
+    assert (status["status"], status["stage"]) == ("done", "complete")
+    assert status["analyses"] == {"done": total, "total": total}
+    assert IncidentInsights.objects.filter(incident=incident).exists()
+    assert not complete_incident(incident.pk)  # nothing waits for it any more
+
+
+def test_analyses_run_after_ready_in_order_and_a_failing_one_stops_nothing(
+        incident, demo_log, recorded):
+    @after_ready("test failure")
+    def fail(incident_id: int) -> None:
+        raise ValueError("broken analysis")
+
+    try:
+        upload = ready_upload(incident, demo_log)
+        assert recorded == []  # never on the way to the first answer
+
+        assert complete_incident(incident.pk)
+    finally:
+        registry.ANALYSES.pop("test failure")
+
+    # run once, while the upload was ready, after the project's own analyses
+    assert recorded == [(incident.pk, {("running", "ready")})]
+    names = list(registered())
+    assert names.index("test recorder") > names.index("insights")
+    upload.refresh_from_db()
+    assert (upload.status, upload.stage) == ("done", "complete")
+
+
+def test_nothing_is_analysed_while_another_upload_is_read(incident, demo_log, fixtures_dir,
+                                                          recorded):
+    first = ready_upload(incident, demo_log)
+    second = create_local_upload(incident, fixtures_dir / "audit"
+                                 / "openshift-requestresponse.log")
+
+    assert not complete_incident(incident.pk)
+    assert recorded == []
+    assert aggregate.data_version(incident.pk) is not None  # a pending file changes nothing yet
+
+    ingest_upload(second.pk)  # the last one to be ready completes them all
+
+    assert recorded == [(incident.pk, {("running", "ready")})]
+    assert set(incident.uploads.values_list("pk", "status", "stage")) == {
+        (first.pk, "done", "complete"), (second.pk, "done", "complete")}
+
+
+def test_a_ready_upload_is_not_failed_by_what_comes_after(incident, demo_log):
+    upload = ready_upload(incident, demo_log)
+
+    fail_upload(upload.pk, "the worker was lost")
+
+    upload.refresh_from_db()
+    assert (upload.status, upload.stage, upload.message) == ("running", "ready", "")
+
+
+def test_a_lost_completion_is_started_again_and_a_ready_upload_never_read_again(
+        incident, demo_log, settings):
+    upload = ready_upload(incident, demo_log)
+    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS + 1)
+    Upload.objects.filter(pk=upload.pk).update(heartbeat_at=stale)
+    ingested, completed = [], []
+
+    assert requeue_stale(ingested.append, completed.append) == 1
+
+    assert (ingested, completed) == ([], [incident.pk])
+    upload.refresh_from_db()
+    assert (upload.status, upload.stage) == ("running", "ready")
+    assert upload.heartbeat_at > stale  # not started twice by the next sweep
+    assert requeue_stale(ingested.append, completed.append) == 0
+    assert complete_incident(incident.pk)  # the lost run's claim was given up
+
+
+def test_analyses_under_way_are_not_run_twice(incident, demo_log, recorded, settings):
+    upload = ready_upload(incident, demo_log)
+    Upload.objects.filter(pk=upload.pk).update(
+        analyses={"done": 1, "total": 4, "running": "overview", "run": "another run"},
+        heartbeat_at=timezone.now())
+
+    assert not complete_incident(incident.pk)
+    assert recorded == []
+
+    stale = timezone.now() - timedelta(seconds=settings.UPLOAD_STALE_SECONDS + 1)
+    Upload.objects.filter(pk=upload.pk).update(heartbeat_at=stale)  # that run died
+    assert complete_incident(incident.pk)
+    assert recorded == [(incident.pk, {("running", "ready")})]
+
+
+def test_the_incident_page_shows_the_analyses_behind_a_ready_upload(incident, demo_log, client,
+                                                                    owner):
+    upload = ready_upload(incident, demo_log)
+    Upload.objects.filter(pk=upload.pk).update(
+        analyses={"done": 2, "total": 4, "running": "insights"})
+    client.force_login(owner)
+
+    page = client.get(incident.get_absolute_url()).content.decode()
+
+    assert "ready; analysing 2/4 (insights)" in page
+    # its row is polled until complete, and known to be readable already
+    assert f'data-upload="{upload.pk}"' in page
+    row = page[page.index(f'data-upload="{upload.pk}"'):].split(">", 1)[0]
+    assert 'data-finished="0"' in row and 'data-ready="1"' in row
+    assert 'id="reload-hint"' in page

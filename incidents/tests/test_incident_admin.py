@@ -148,6 +148,7 @@ def test_the_hint_names_every_kind_of_evidence_hindsight_reads(owner, settings):
     said = {"audit": "audit logs", "legacy-audit": "legacy text format",
             "gke-audit": "GKE</strong> Cloud Logging", "eks-cloudwatch": "EKS",
             "aks-diagnostics": "AKS", "otlp-audit": "OTLP", "k8s-events": "Events",
+            "k8s-objects": "<strong>objects</strong> of any kind",
             "klog": "klog", "text-log": "journals", "gke-log": "GKE node and container logs",
             "must-gather": "must-gather", "kind": "kind export logs", "konvoy": "konvoy/DKP",
             "sonobuoy": "sonobuoy", "troubleshoot": "troubleshoot.sh"}

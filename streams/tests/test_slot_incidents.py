@@ -4,6 +4,8 @@ with its stream only), where it used to answer 500 on the protected row."""
 
 from __future__ import annotations
 
+from io import StringIO
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -95,3 +97,13 @@ def test_ingest_command_refuses_a_slot_incident(slots, demo_log):
     with pytest.raises(CommandError, match=stream.name):
         call_command("ingest", str(demo_log), "--incident-id", str(segments[0].incident_id))
     assert Segment.objects.get(pk=segments[0].pk).events == 0
+
+
+def test_build_columns_skips_slot_incidents(slots, incident):
+    _, segments = slots
+    out = StringIO()
+    call_command("build_columns", stdout=out)
+    said = out.getvalue()
+    assert f"incident {incident.pk}:" in said
+    for segment in segments:
+        assert f"incident {segment.incident_id}:" not in said

@@ -27,6 +27,7 @@ from .models import Segment
 log = logging.getLogger(__name__)
 
 TASK = "streams.tasks.detect_stream_batch"
+ADVISORY = 0x5D7  # advisory lock of a slot's matches: (ADVISORY << 40) + its incident
 
 
 def enqueue(stored: dict) -> None:
@@ -80,6 +81,9 @@ def detect_batch(stored: dict) -> dict[str, int]:
             # are gone are never written.
             lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""
             with connection.cursor() as cursor:
+                if lock:  # and one writer of a slot's matches at a time (no duplicates)
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s)",
+                                   [(ADVISORY << 40) + incident_id])
                 cursor.execute(f"SELECT 1 FROM {Segment._meta.db_table} WHERE id = %s{lock}",
                                [segment.pk])
                 if cursor.fetchone() is None:

@@ -10,11 +10,13 @@ incident is the strongest of:
 - ``viewer`` for incidents opened in this browser session through a share link.
 
 Superusers are admins of every incident. An incident without a team is visible to superusers
-only, until someone gives it to a team.
+only, until someone gives it to a team. The incidents that hold a stream's slots
+(``streams.models.Segment``) are no one's: they are read and deleted through their stream only.
 """
 
 from __future__ import annotations
 
+from django.apps import apps
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Q, QuerySet
 from django.http import Http404
@@ -75,10 +77,33 @@ def shared_incident_ids(user) -> frozenset[int]:
     return frozenset(getattr(user, "shared_incident_ids", ()) or ())
 
 
+def stream_slot_ids() -> QuerySet:
+    """The ids of the incidents that hold a stream's slots (a subquery)."""
+    return apps.get_model("streams", "Segment").objects.values("incident_id")
+
+
+def slot_owner(incident_id):
+    """The ``Segment`` (with its stream) held by this incident, or None for an ordinary one."""
+    try:
+        incident_id = int(incident_id)
+    except (TypeError, ValueError):
+        return None
+    return (apps.get_model("streams", "Segment").objects.select_related("stream")
+            .filter(incident_id=incident_id).first())
+
+
+def slot_message(segment) -> str:
+    return (f"Incident {segment.incident_id} holds slot {segment.slot} of stream "
+            f"“{segment.stream.name}” (#{segment.stream_id}): it is not an incident of its own; "
+            f"its events go when the stream does (DELETE /api/v1/streams/{segment.stream_id}/).")
+
+
 def visible_incidents(user, queryset: QuerySet | None = None) -> QuerySet:
     """``queryset`` (default: every incident) narrowed to what ``user`` may see: the one rule
-    every list of incidents and every query across incidents goes through."""
+    every list of incidents and every query across incidents goes through. Never a stream's
+    slot incidents, not even to superusers."""
     incidents = Incident.objects.all() if queryset is None else queryset
+    incidents = incidents.exclude(pk__in=stream_slot_ids())
     if not user.is_authenticated:
         return incidents.none()
     shared = shared_incident_ids(user)

@@ -1,6 +1,8 @@
 from django.contrib import admin
+from django.http import HttpResponse
 from django.utils import timezone
 
+from .access import slot_message, slot_owner, stream_slot_ids
 from .models import ApiToken, Incident, Membership, Team, Upload
 from .notes import Annotation, Sequence, SequenceStep
 from .sharing import IncidentGrant, ShareLink
@@ -22,6 +24,17 @@ class IncidentAdmin(admin.ModelAdmin):
     list_display = ["title", "team", "created_by", "created_at"]
     list_filter = ["team"]
     search_fields = ["title"]
+
+    def get_queryset(self, request):
+        # A stream's slot incidents are no one's (incidents.access): they go with their stream.
+        return super().get_queryset(request).exclude(pk__in=stream_slot_ids())
+
+    def delete_view(self, request, object_id, extra_context=None):
+        segment = slot_owner(object_id)
+        if segment is not None:
+            return HttpResponse(slot_message(segment), status=409,
+                                content_type="text/plain; charset=utf-8")
+        return super().delete_view(request, object_id, extra_context)
 
 
 @admin.register(Upload)

@@ -25,6 +25,8 @@ from .access import (
     can_manage_grants,
     can_write,
     get_visible_incident,
+    slot_message,
+    slot_owner,
     upload_teams,
     visible_incidents,
 )
@@ -82,7 +84,14 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         annotations, sequences, grants and share links; 204. Owning-team admins and
         superusers. From then on the incident and all of it answer 404; its events are removed
         in the background (``timelines.ingest.purge``), which is why this is quick however many
-        there are."""
+        there are. A stream's slot incident answers 409 naming its stream to who may see the
+        stream (404 to others): it goes with its stream only."""
+        segment = slot_owner(pk)
+        if segment is not None:
+            from streams.access import visible_streams
+
+            if visible_streams(request.user).filter(pk=segment.stream_id).exists():
+                return Response({"detail": slot_message(segment)}, status=status.HTTP_409_CONFLICT)
         incident = self.get_object()
         if not can_administer(request.user, incident):
             raise PermissionDenied("Only admins of the incident's team may delete it.")

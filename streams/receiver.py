@@ -41,6 +41,7 @@ from timelines.ingest.pipeline import TRANSIENT_ERRORS
 from timelines.parsers import Redactor, Report
 from timelines.parsers.audit import NativeEvents
 
+from .detect import enqueue as enqueue_detections
 from .models import Stream, hash_token
 from .store import write_batch
 
@@ -139,6 +140,7 @@ def receive_audit(drf_request, stream_pk: int):
                       Retry_After=str(settings.STREAM_RETRY_AFTER))
     finally:
         semaphore.release()
+    enqueue_detections(written.stored)  # stored and committed: off the answer's path
     return JsonResponse({"events": written.events, "new": written.new,
                          "too_old": written.too_old})
 

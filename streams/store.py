@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
 from django.db.models import F, Max, Min, Sum
 
 from incidents.models import Incident
+from timelines.detections.models import DetectionEvent
 from timelines.ingest.store import write_rows
 from timelines.models import BodyChunk, Event
 from timelines.parsers import Row
@@ -119,6 +120,8 @@ class Written:
     events: int = 0  # rows given (one per request and batch)
     new: int = 0  # requests not stored before
     too_old: int = 0  # older than the hour their slot holds now: dropped
+    # slot incident → (received, auditID) of the rows stored there (for ``streams.detect``)
+    stored: dict = field(default_factory=dict)
 
 
 def write_batch(stream: Stream, rows: Iterable[Row]) -> Written:
@@ -141,6 +144,8 @@ def write_batch(stream: Stream, rows: Iterable[Row]) -> Written:
                 written.too_old += len(hour_rows)
             else:
                 written.new += outcome
+                written.stored.setdefault(segment.incident_id, []).extend(
+                    (row.received.isoformat(), row.audit_id) for row in hour_rows)
             break
     return written
 
@@ -203,6 +208,7 @@ def _truncate(segment: Segment) -> None:
     else:
         Event.objects.filter(incident_id=segment.incident_id).delete()
     BodyChunk.objects.filter(incident_id=segment.incident_id).delete()
+    DetectionEvent.objects.filter(incident_id=segment.incident_id).delete()
 
 
 def empty_segment(segment: Segment) -> None:

@@ -23,3 +23,11 @@ def apply_stream_retention() -> int:
             log.info("stream %s: slots %s emptied by retention", stream.pk, dropped)
         emptied += len(dropped)
     return emptied
+
+
+@shared_task(time_limit=600)
+def detect_stream_batch(stored: dict) -> dict[str, int]:
+    """The Falco rules over one acknowledged batch (``streams.detect``)."""
+    from .detect import detect_batch
+
+    return detect_batch(stored)

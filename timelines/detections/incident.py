@@ -141,9 +141,12 @@ class Matches:
     seconds: float = 0.0
 
 
-def groups_of(incident_id: int) -> list[tuple[dict, list[int]]]:
-    """(columns, event ids) of the incident's requests grouped by GROUP_COLUMNS."""
+def groups_of(incident_id: int, event_ids=None) -> list[tuple[dict, list[int]]]:
+    """(columns, event ids) of the incident's requests (only ``event_ids`` when given) grouped
+    by GROUP_COLUMNS."""
     requests = Event.objects.filter(incident_id=incident_id, kind=Event.Kind.AUDIT).order_by()
+    if event_ids is not None:
+        requests = requests.filter(pk__in=event_ids)
     if connection.vendor == "postgresql":
         from django.contrib.postgres.aggregates import ArrayAgg
 
@@ -165,16 +168,17 @@ def _index_of(incident_id: int):
     return columns.load(incident_id, version) if version is not None else None
 
 
-def _decide_groups(incident_id: int, verdicts: Verdicts, found: Matches) -> dict[int, list[Rule]]:
+def _decide_groups(incident_id: int, verdicts: Verdicts, found: Matches,
+                   event_ids=None) -> dict[int, list[Rule]]:
     """Every rule decided per group of requests; the requests whose bodies must decide some
-    (id → those rules). From the column index's signatures when there is one (no query),
-    else one GROUP BY."""
+    (id → those rules). From the column index's signatures when there is one (no query) and
+    the whole incident is wanted, else one GROUP BY."""
     pending: dict[int, list[Rule]] = {}
-    index = _index_of(incident_id)
+    index = _index_of(incident_id) if event_ids is None else None
     if index is not None:
         _decide_signatures(index, verdicts, found, pending)
         return pending
-    for columns, ids in groups_of(incident_id):
+    for columns, ids in groups_of(incident_id, event_ids):
         found.groups += 1
         true, undecided = verdicts.of(columns)
         for rule in true:
@@ -303,10 +307,12 @@ def possible_stages(rule: Rule) -> frozenset[str]:
                      if rule.test(ColumnView({"stage": stage})) is not False)
 
 
-def evaluate(incident_id: int, ruleset: RuleSet) -> Matches:
+def evaluate(incident_id: int, ruleset: RuleSet, event_ids=None) -> Matches:
+    """The rules over the incident's requests, or only those of ``event_ids`` (a stream's
+    batch: ``streams.detect``)."""
     started = time.perf_counter()
     found = Matches()
-    pending = _decide_groups(incident_id, Verdicts(ruleset.active), found)
+    pending = _decide_groups(incident_id, Verdicts(ruleset.active), found, event_ids)
     found.column_seconds = time.perf_counter() - started
     stages_for = {rule.name: possible_stages(rule) for rule in ruleset.active}
     pending_ids = sorted(pending)
@@ -352,13 +358,18 @@ def evaluate(incident_id: int, ruleset: RuleSet) -> Matches:
 def ruleset_for(incident_id: int) -> RuleSet:
     """The shipped rules, then the added rules files of the instance and of the incident's
     team, in the order they were added."""
-    from django.db.models import Q
-
     from incidents.models import Incident
+
+    team_id = Incident.objects.filter(pk=incident_id).values_list("team_id", flat=True).first()
+    return ruleset_of_team(team_id)
+
+
+def ruleset_of_team(team_id: int | None) -> RuleSet:
+    """The shipped rules, then the instance's added rules files and those of ``team_id``."""
+    from django.db.models import Q
 
     from .models import RulesFile
 
-    team_id = Incident.objects.filter(pk=incident_id).values_list("team_id", flat=True).first()
     added = RulesFile.objects.filter(Q(team__isnull=True) | Q(team_id=team_id)).order_by("id")
     return rules_module.load(rules_module.default_files() + [(f.name, f.text) for f in added])
 

@@ -48,6 +48,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from incidents.access import slot_message, slot_owner
 from incidents.models import Incident, Upload
 
 from ..models import BodyChunk, Event, IncidentPurge
@@ -64,6 +65,10 @@ LOST_AFTER = timedelta(minutes=10)
 UPLOAD_FOLDER = re.compile(r"[0-9a-f]{32}")
 
 
+class SlotIncident(ValueError):
+    """The incident holds a stream's slot: not deleted on its own."""
+
+
 def delete_incident(incident: Incident) -> bool:
     """Delete the incident and its small rows now; queue the purge of its evidence on commit.
     Returns False if it was gone already. Quick whatever the number of events: see the module
@@ -74,6 +79,9 @@ def delete_incident(incident: Incident) -> bool:
         locked = Incident.objects.select_for_update().filter(pk=incident.pk).first()
         if locked is None:
             return False
+        segment = slot_owner(locked.pk)
+        if segment is not None:  # goes with its stream only (streams.store.delete_stream)
+            raise SlotIncident(slot_message(segment))
         record_deletion(locked)
         # One statement, rather than the collector fetching every row: a bundle may hold
         # 100,000 files (their foreign keys to each other are checked at commit).

@@ -34,6 +34,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection, connections
 from django.db.models import F, Q, Sum
 
+from incidents.access import slot_message, slot_owner
 from incidents.models import Incident, IncidentGone, Team, Upload
 from timelines.analysis.registry import complete_incident, prepare_reads
 from timelines.ingest import bulk, create_local_upload, fail_upload, ingest_upload
@@ -373,6 +374,9 @@ class Command(BaseCommand):
             incident = Incident.objects.filter(pk=options["incident_id"]).first()
             if incident is None:
                 raise CommandError(f"no incident {options['incident_id']}")
+            segment = slot_owner(incident.pk)
+            if segment is not None:  # written by the stream's receiver only
+                raise CommandError(slot_message(segment))
             return incident
         team = None
         if options["team"]:

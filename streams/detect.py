@@ -1,0 +1,100 @@
+"""The Falco rules (``timelines.detections``) over a stream's batches, as they arrive.
+
+The receiver acknowledges a batch once it is stored; then (``enqueue``: on a Celery worker when
+a broker is configured, else in a thread of this process, never delaying the 200) the rules are
+evaluated over the requests of that batch only, and their matches stored for the slot's
+incident, which is what the stream's events filter ``detection=<rule>`` reads. A request whose
+stages arrive in several batches is evaluated again with each, on its merged row. A slot
+emptied meanwhile (retention, a later hour) takes its matches with it (``store._truncate``);
+the slot's row is held while they are written, so none outlive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from timelines.detections.incident import evaluate, ruleset_of_team
+from timelines.detections.models import DetectionEvent
+from timelines.models import Event
+
+from .models import Segment
+
+log = logging.getLogger(__name__)
+
+TASK = "streams.tasks.detect_stream_batch"
+ADVISORY = 0x5D7  # advisory lock of a slot's matches: (ADVISORY << 40) + its incident
+
+
+def enqueue(stored: dict) -> None:
+    """Detect over a batch just stored (``Written.stored``): after the response is decided,
+    never failing it (a broker down loses only that batch's detections, logged)."""
+    if not stored:
+        return
+    stored = {str(incident_id): rows for incident_id, rows in stored.items()}
+    if settings.CELERY_BROKER_URL:
+        try:
+            from celery import current_app
+
+            current_app.send_task(TASK, args=[stored])
+        except Exception:
+            log.exception("detections of a stream batch not queued")
+        return
+    threading.Thread(target=_run, args=(stored,), name="stream-detect", daemon=True).start()
+
+
+def _run(stored: dict) -> None:
+    try:
+        detect_batch(stored)
+    except Exception:
+        log.exception("detections of a stream batch failed")
+    finally:
+        connection.close()
+
+
+def detect_batch(stored: dict) -> dict[str, int]:
+    """The rules over the requests of ``stored`` (slot incident → [(received, auditID)]); their
+    matches replace those of these requests. Returns matches per rule."""
+    counts: dict[str, int] = {}
+    for incident_id, keys in stored.items():
+        incident_id = int(incident_id)
+        if not keys:
+            continue
+        segment = Segment.objects.select_related("stream").filter(
+            incident_id=incident_id).first()
+        if segment is None:  # the stream was deleted meanwhile
+            continue
+        wanted = {(datetime.fromisoformat(received), audit_id) for received, audit_id in keys}
+        ids = [pk for pk, received, audit_id in Event.objects.filter(
+            incident_id=incident_id, audit_id__in={a for _, a in wanted},
+            received__gte=min(r for r, _ in wanted), received__lte=max(r for r, _ in wanted),
+        ).values_list("id", "received", "audit_id") if (received, audit_id) in wanted]
+        if not ids:  # emptied meanwhile
+            continue
+        found = evaluate(incident_id, ruleset_of_team(segment.stream.team_id), event_ids=ids)
+        with transaction.atomic():
+            # Hold the slot against its emptying (FOR UPDATE there): matches of events that
+            # are gone are never written.
+            lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""
+            with connection.cursor() as cursor:
+                if lock:  # and one writer of a slot's matches at a time (no duplicates)
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s)",
+                                   [(ADVISORY << 40) + incident_id])
+                cursor.execute(f"SELECT 1 FROM {Segment._meta.db_table} WHERE id = %s{lock}",
+                               [segment.pk])
+                if cursor.fetchone() is None:
+                    continue
+            alive = set(Event.objects.filter(incident_id=incident_id, pk__in=ids)
+                        .values_list("id", flat=True))
+            DetectionEvent.objects.filter(incident_id=incident_id, event_id__in=ids).delete()
+            DetectionEvent.objects.bulk_create(
+                DetectionEvent(incident_id=incident_id, rule=rule, event_id=event_id)
+                for rule, matched in found.ids.items() for event_id in matched
+                if event_id in alive)
+        for rule, matched in found.ids.items():
+            counts[rule] = counts.get(rule, 0) + len(matched)
+    return counts

@@ -1,0 +1,137 @@
+"""The Falco rules over a stream's batches as they arrive (``streams.detect``): after the 200,
+the matches of each batch's requests are stored for the stream's events filter
+``detection=<rule>``, the same the rules find in an incident holding those requests, and a cut
+incident's detections find them too."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import orjson
+import pytest
+
+from incidents.models import Incident
+from streams import store
+from streams.detect import detect_batch
+from timelines.detections.incident import detections, evaluate, ruleset_of_team
+from timelines.detections.models import DetectionEvent
+from timelines.ingest.store import write_rows
+from timelines.models import Event
+
+from .helpers import event_list, expected_rows, fixture_events
+
+
+def falco_traces(fixtures_dir) -> list:
+    """Falco's k8s_audit test traces (one request per file or a few): requests its rules
+    match."""
+    return sorted((fixtures_dir / "audit" / "falco").glob("*.json"))
+
+
+def day_traces(fixtures_dir):
+    """(paths, lines) of the traces of one day (others are years apart: a ring of hours keeps
+    only some of them)."""
+    paths = [path for path in falco_traces(fixtures_dir)
+             if all(_of_day(line) for line in fixture_events(path))]
+    lines = [line for path in paths for line in fixture_events(path)]
+    assert lines
+    return paths, lines
+
+
+def _of_day(line: bytes) -> bool:
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(event, dict) and event.get("kind") == "Event" and str(
+        event.get("requestReceivedTimestamp", "")).startswith("2018-10-26")
+
+
+def matches_by_key(incident_ids) -> dict[str, set]:
+    """rule → {(received, auditID)} of the stored matches of these incidents."""
+    keys = dict(((pk), (r, a)) for pk, r, a in Event.objects.filter(
+        incident_id__in=incident_ids).values_list("id", "received", "audit_id"))
+    out = defaultdict(set)
+    for rule, event_id in DetectionEvent.objects.filter(
+            incident_id__in=incident_ids).values_list("rule", "event_id"):
+        out[rule].add(keys[event_id])
+    return dict(out)
+
+
+def expected_matches(team, rows) -> dict[str, set]:
+    """What the rules match among ``rows`` stored as an ordinary incident."""
+    incident = Incident.objects.create(title="expected", team=team)
+    write_rows(incident.pk, None, rows)
+    found = evaluate(incident.pk, ruleset_of_team(team.pk))
+    keys = dict(Event.objects.filter(incident=incident).values_list("id", "received"))
+    audit = dict(Event.objects.filter(incident=incident).values_list("id", "audit_id"))
+    return {rule: {(keys[i], audit[i]) for i in ids} for rule, ids in found.ids.items() if ids}
+
+
+def stored_lines(stream, paths) -> list:
+    """The rows of ``paths`` that the stream kept (its ring drops hours too old for it)."""
+    kept = set(store.events(stream).values_list("received", "audit_id"))
+    return [row for path in paths for row in expected_rows(path)
+            if (row.received, row.audit_id) in kept]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_are_evaluated_after_the_answer(stream_of, post_batch, team, fixtures_dir,
+                                                superuser, settings, client):
+    settings.CELERY_BROKER_URL = ""  # the thread of this process, which the test can wait for
+    stream, token = stream_of(retention_hours=6)
+    paths, lines = day_traces(fixtures_dir)
+    for start in range(0, len(lines), 40):
+        before = {t for t in threading.enumerate() if t.name == "stream-detect"}
+        answer = post_batch(stream.pk, event_list(lines[start:start + 40]), token)
+        assert answer.status_code == 200, answer.content
+        for thread in threading.enumerate():
+            if thread.name == "stream-detect" and thread not in before:
+                thread.join(60)
+    slots = store.incident_ids(stream)
+    expected = expected_matches(team, stored_lines(stream, paths))
+    assert expected  # the traces are Falco's: its rules match some of them
+    assert matches_by_key(slots) == expected
+    # the stream's events filter
+    client.force_login(superuser)
+    rule = sorted(expected)[0]
+    listed = client.get(f"/api/v1/streams/{stream.pk}/events/",
+                        {"detection": rule, "limit": 500}).json()
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert len(rows) == len(expected[rule])
+    # a cut incident's detections
+    answer = client.post(f"/api/v1/streams/{stream.pk}/incidents/",
+                         {"since": "2000-01-01T00:00:00Z", "until": "2100-01-01T00:00:00Z",
+                          "title": "cut", "detection": [rule]}, content_type="application/json")
+    assert answer.status_code == 201, answer.content
+    cut = answer.json()["id"]
+    assert Event.objects.filter(incident_id=cut).count() == len(expected[rule])
+    assert {i["rule"] for i in detections(cut) if i.get("rule")} >= {rule}
+    assert matches_by_key([cut])[rule] == expected[rule]
+
+
+@pytest.mark.django_db
+def test_evaluating_again_replaces_and_emptying_drops(stream_of, post_batch, team, fixtures_dir):
+    """Matches of a batch replace those of its requests (a request's later stages arrive in
+    later batches and are evaluated again); a slot emptied takes its matches with it."""
+    stream, token = stream_of()  # 3 slots: the day's hours 9, 13 and 14 each have one
+    paths, lines = day_traces(fixtures_dir)
+    half = len(lines) // 2
+    for part in (lines[:half], lines[half:]):
+        answer = post_batch(stream.pk, event_list(part), token)
+        assert answer.status_code == 200
+    slots = store.incident_ids(stream)
+    # what the receiver queued (no worker here), over all the requests, twice
+    keys = {slot: [(r.isoformat(), a) for r, a in store.events(stream).filter(
+        incident_id=slot).values_list("received", "audit_id")] for slot in slots}
+    detect_batch(keys)
+    first = matches_by_key(slots)
+    assert first
+    detect_batch(keys)
+    assert matches_by_key(slots) == first
+    assert DetectionEvent.objects.filter(incident_id__in=slots).count() == sum(
+        len(v) for v in first.values())
+    assert first == expected_matches(team, stored_lines(stream, paths))
+    for segment in stream.segments.all():
+        store.empty_segment(segment)
+    assert not DetectionEvent.objects.filter(incident_id__in=slots).exists()

@@ -179,6 +179,19 @@ def test_an_expired_token_is_401_saying_so(owner, incident):
     assert Client().get("/api/v1/incidents/",
                         headers={"Authorization": f"Token {key}"}).status_code == 200
 
+def test_a_teams_rules_are_its_members_not_a_share_links(incident, owner, outsider):
+    holder = Client()
+    assert holder.get(f"/s/{ShareLink.issue(incident, owner)[1]}/").status_code == 302
+    shipped = holder.get("/api/v1/rules/")
+    assert shipped.status_code == 200 and shipped.json()["rules"]
+    for client in (holder, logged_in(outsider)):  # a link is no member; nor is another team
+        for name in ("platform", "nobody"):  # and no hint that a team exists
+            answer = client.get(f"/api/v1/rules/?team={name}")
+            assert answer.status_code == 400
+            assert answer.json() == {"team": [f"You are in no team named {name!r}."]}
+    assert logged_in(owner).get("/api/v1/rules/?team=platform").status_code == 200
+
+
 # --- the permission matrix ---------------------------------------------------------------------
 # Every route (and method) of the project against every kind of principal. A share link whose
 # link was revoked or has expired answers 404 to its next request, whatever it asks (then the

@@ -24,7 +24,8 @@ def stream_list(request):
     made = None
     teams = stream_teams(request.user)
     if request.method == "POST":
-        team = teams.filter(pk=request.POST.get("team") or 0).first()
+        chosen = request.POST.get("team", "")
+        team = teams.filter(pk=int(chosen)).first() if chosen.isdigit() else None
         if team is None:
             raise PermissionDenied("You may not make streams for that team.")
         try:

@@ -35,6 +35,8 @@ def test_a_superuser_makes_a_stream_for_any_team_on_the_page_as_in_the_api(
         client, superuser, teammate, team):
     client.force_login(teammate)  # a viewer: the team is not offered, and refused
     assert client.post("/streams/", {"name": "nope", "team": team.pk}).status_code == 403
+    for chosen in ("platform", "", "9" * 30):  # not a team's id: refused alike, never a 500
+        assert client.post("/streams/", {"name": "nope", "team": chosen}).status_code == 403
     client.force_login(superuser)  # in no team, yet superusers do everything
     assert f'value="{team.pk}"' in client.get("/streams/").content.decode()
 

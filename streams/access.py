@@ -7,8 +7,8 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.http import Http404
 
-from incidents.access import WRITE_ROLES, is_person
-from incidents.models import Membership
+from incidents.access import WRITE_ROLES, is_person, upload_teams
+from incidents.models import Membership, Team
 
 from .models import Stream
 
@@ -20,6 +20,14 @@ def visible_streams(user) -> QuerySet:
         return Stream.objects.all()
     return Stream.objects.filter(team_id__in=Membership.objects.filter(user=user)
                                  .values("team_id"))
+
+
+def stream_teams(user) -> QuerySet:
+    """Teams the user may make streams for: those they edit or administer; every team for a
+    superuser (the page and the API alike)."""
+    if is_person(user) and user.is_superuser:
+        return Team.objects.all()
+    return upload_teams(user)
 
 
 def get_visible_stream(user, pk) -> Stream:

@@ -19,8 +19,6 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from hindsight.schema import event_filter_parameters
-from incidents.access import upload_teams
-from incidents.models import Team
 from incidents.serializers import absolute
 from timelines import aggregate
 from timelines.api import EventCursorPagination
@@ -32,7 +30,13 @@ from timelines.queries import _SPAN_FIELDS as SPAN_FIELDS
 from timelines.serializers import LIST_COLUMNS, EventSerializer, event_rows
 
 from . import store
-from .access import can_administer, can_manage, get_visible_stream, visible_streams
+from .access import (
+    can_administer,
+    can_manage,
+    get_visible_stream,
+    stream_teams,
+    visible_streams,
+)
 from .cut import cut_incident
 from .kubeconfig import apiserver_flags, kubeconfig
 from .models import Stream
@@ -144,9 +148,7 @@ class StreamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
         data = StreamCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        teams = upload_teams(request.user)
-        if request.user.is_superuser:
-            teams = Team.objects.all()
+        teams = stream_teams(request.user)
         if values.get("team"):
             team = teams.filter(name=values["team"]).first()
             if team is None:

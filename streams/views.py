@@ -13,10 +13,8 @@ from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
-from incidents.access import upload_teams
-
 from . import store
-from .access import can_manage, get_visible_stream, visible_streams
+from .access import can_manage, get_visible_stream, stream_teams, visible_streams
 from .cut import cut_incident
 from .kubeconfig import apiserver_flags, kubeconfig
 
@@ -24,9 +22,10 @@ from .kubeconfig import apiserver_flags, kubeconfig
 @login_required
 def stream_list(request):
     made = None
-    teams = upload_teams(request.user)
+    teams = stream_teams(request.user)
     if request.method == "POST":
-        team = teams.filter(pk=request.POST.get("team") or 0).first()
+        chosen = request.POST.get("team", "")
+        team = teams.filter(pk=int(chosen)).first() if chosen.isdigit() else None
         if team is None:
             raise PermissionDenied("You may not make streams for that team.")
         try:

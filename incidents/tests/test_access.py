@@ -179,6 +179,19 @@ def test_an_expired_token_is_401_saying_so(owner, incident):
     assert Client().get("/api/v1/incidents/",
                         headers={"Authorization": f"Token {key}"}).status_code == 200
 
+def test_a_teams_rules_are_its_members_not_a_share_links(incident, owner, outsider):
+    holder = Client()
+    assert holder.get(f"/s/{ShareLink.issue(incident, owner)[1]}/").status_code == 302
+    shipped = holder.get("/api/v1/rules/")
+    assert shipped.status_code == 200 and shipped.json()["rules"]
+    for client in (holder, logged_in(outsider)):  # a link is no member; nor is another team
+        for name in ("platform", "nobody"):  # and no hint that a team exists
+            answer = client.get(f"/api/v1/rules/?team={name}")
+            assert answer.status_code == 400
+            assert answer.json() == {"team": [f"You are in no team named {name!r}."]}
+    assert logged_in(owner).get("/api/v1/rules/?team=platform").status_code == 200
+
+
 # --- the permission matrix ---------------------------------------------------------------------
 # Every route (and method) of the project against every kind of principal. A share link whose
 # link was revoked or has expired answers 404 to its next request, whatever it asks (then the
@@ -206,6 +219,22 @@ PAGE_CREATE = profile(OK, DENIED, OK, LOGIN, DENIED, MISSING, MISSING, LOGIN, OK
 PAGE_UPLOAD = profile(OK, DENIED, MISSING, LOGIN, DENIED, MISSING, MISSING, LOGIN, OK)
 SHARE_OPEN = profile(*[OK] * len(PRINCIPALS))  # a valid link opens for anyone
 STAFF = profile(LOGIN, LOGIN, LOGIN, LOGIN, LOGIN, MISSING, MISSING, LOGIN, OK)
+# Instance-wide Falco rules: any account reads them; superusers (and, with ``team``, its admins)
+# add a file.
+RULES_ADD = profile(DENIED, DENIED, DENIED, DENIED, DENIED, MISSING, MISSING, DENIED, OK)
+# A stream is its team's (streams.access): its members see it, its editors and admins manage it,
+# its admins delete it; a share link opens an incident, never a stream (and writes nothing: 403
+# before any stream is looked up); an upload token uploads.
+STREAM_READ = {**READ, "holder": MISSING}
+STREAM_PAGE = {**PAGE, "holder": MISSING}
+STREAM_MANAGE = WRITE
+STREAM_PAGE_MANAGE = PAGE_UPLOAD
+STREAM_ADMIN = ADMIN
+STREAM_CREATE = profile(OK, DENIED, DENIED, DENIED, DENIED, MISSING, MISSING, DENIED, OK)
+STREAM_PAGE_CREATE = profile(OK, DENIED, DENIED, LOGIN, DENIED, MISSING, MISSING, LOGIN, OK)
+# the webhook takes the stream's own token only: any other credential is 401
+STREAM_WEBHOOK = profile(DENIED, DENIED, DENIED, DENIED, DENIED, MISSING, MISSING, DENIED,
+                         DENIED)
 
 
 def _now() -> str:
@@ -268,6 +297,36 @@ def _insight_sequence(w):
 
     number = next(i["id"] for i in insights.current(w.incident.pk)[0] if i["events"])
     return inc(w, f"insights/{number}/sequence/"), {}
+
+
+def _fresh_stream(w) -> int:
+    """A stream of the incident's team that a call may change or delete."""
+    from streams.store import create_stream
+
+    w.streams_made += 1
+    return create_stream(f"matrix-{w.streams_made}", w.incident.team, retention_hours=1,
+                         created_by=w.owner)[0].pk
+
+
+def _new_stream_name(w) -> str:
+    w.streams_made += 1
+    return f"made-{w.streams_made}"
+
+
+def _rules_file(w) -> dict:
+    w.streams_made += 1
+    return {"name": f"matrix-{w.streams_made}.yaml",
+            "text": f"- list: matrix_list_{w.streams_made}\n  items: []\n"}
+
+
+def _cut(w) -> dict:
+    now = timezone.now()
+    return {"since": (now - timedelta(hours=1)).isoformat(), "until": now.isoformat(),
+            "title": "cut"}
+
+
+def stream(w, rest: str = "") -> str:
+    return f"/api/v1/streams/{w.stream.pk}/{rest}"
 
 
 # (route, method) → (expected outcomes, what to send: a path, or (path, body)); bodies of API
@@ -347,6 +406,29 @@ SPECS = {
         f"/api/v1/sequences/{_sequence(w).pk}/steps/", {"event": w.event.pk})),
     ("api:sequence-remove-step", "DELETE"): (WRITE, _step_url),
     ("api:sequence-reorder", "POST"): (WRITE, _reorder),
+    ("incident-related", "GET"): (READ, lambda w: inc(w, "related/?resource=pods&name=x")),
+    ("rules", "GET"): (LIST, lambda w: "/api/v1/rules/"),
+    ("rules", "POST"): (RULES_ADD, lambda w: ("/api/v1/rules/", _rules_file(w))),
+    ("streams:list", "GET"): (PAGE_LIST, lambda w: "/streams/"),
+    ("streams:list", "POST"): (STREAM_PAGE_CREATE, lambda w: (
+        "/streams/", {"team": w.incident.team_id, "name": _new_stream_name(w)})),
+    ("streams:detail", "GET"): (STREAM_PAGE, lambda w: f"/streams/{w.stream.pk}/"),
+    ("streams:cut", "POST"): (STREAM_PAGE_MANAGE, lambda w: (
+        f"/streams/{w.stream.pk}/cut/", _cut(w))),
+    ("api:stream-list", "GET"): (LIST, lambda w: "/api/v1/streams/"),
+    ("api:stream-list", "POST"): (STREAM_CREATE, lambda w: (
+        "/api/v1/streams/", {"name": _new_stream_name(w), "team": w.incident.team.name})),
+    ("api:stream-detail", "GET"): (STREAM_READ, lambda w: stream(w)),
+    ("api:stream-detail", "DELETE"): (STREAM_ADMIN,
+                                      lambda w: f"/api/v1/streams/{_fresh_stream(w)}/"),
+    ("api:stream-kubeconfig", "GET"): (STREAM_READ, lambda w: stream(w, "kubeconfig/")),
+    ("api:stream-kubeconfig", "POST"): (STREAM_MANAGE, lambda w: (
+        f"/api/v1/streams/{_fresh_stream(w)}/kubeconfig/", {})),
+    ("api:stream-event-list", "GET"): (STREAM_READ, lambda w: stream(w, "events/")),
+    ("stream-figure", "GET"): (STREAM_READ, lambda w: stream(w, "figure/")),
+    ("api:stream-incident-list", "POST"): (STREAM_MANAGE, lambda w: (
+        stream(w, "incidents/"), _cut(w))),
+    ("stream-audit", "POST"): (STREAM_WEBHOOK, lambda w: (stream(w, "audit/"), {})),
     # last: it deletes the incident
     ("api:incident-detail", "DELETE"): (ADMIN, lambda w: inc(w, "")),
 }
@@ -361,10 +443,12 @@ class World:
 
 @pytest.fixture
 def world(incident, owner, teammate, outsider, superuser, other_team, ingest_file, demo_log):
+    from streams.store import create_stream
     from timelines.models import Event
 
     upload = ingest_file(incident, demo_log)
-    return World(incident=incident, owner=owner, teammate=teammate, outsider=outsider,
+    return World(stream=create_stream("ci", incident.team, retention_hours=1)[0], streams_made=0,
+                 incident=incident, owner=owner, teammate=teammate, outsider=outsider,
                  superuser=superuser, upload=upload, event=Event.objects.filter(
                      incident=incident).order_by("received", "id").first(),
                  observers=Team.objects.create(name="observers"))

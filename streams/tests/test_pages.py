@@ -31,6 +31,22 @@ def test_an_editor_makes_a_stream_on_the_page_and_sees_its_kubeconfig(client, ow
     assert "nightly" in client.get("/streams/").content.decode()
 
 
+def test_a_superuser_makes_a_stream_for_any_team_on_the_page_as_in_the_api(
+        client, superuser, teammate, team):
+    client.force_login(teammate)  # a viewer: the team is not offered, and refused
+    assert client.post("/streams/", {"name": "nope", "team": team.pk}).status_code == 403
+    for chosen in ("platform", "", "9" * 30):  # not a team's id: refused alike, never a 500
+        assert client.post("/streams/", {"name": "nope", "team": chosen}).status_code == 403
+    client.force_login(superuser)  # in no team, yet superusers do everything
+    assert f'value="{team.pk}"' in client.get("/streams/").content.decode()
+
+    page = client.post("/streams/", {"name": "nightly", "team": team.pk, "retention_hours": 2})
+
+    assert page.status_code == 200
+    assert Stream.objects.get(name="nightly").team == team
+    assert Stream.objects.filter(name="nope").exists() is False
+
+
 def test_the_live_view_is_the_teams_and_cuts_a_window_into_an_incident(
         client, owner, outsider, stream_of, post_batch, demo_log):
     stream, token = stream_of()

@@ -141,6 +141,21 @@ def test_a_wrong_token_answers_401_and_another_streams_404(stream_of, post_batch
     assert store.events(stream).count() == store.events(other).count() == 0
 
 
+def test_a_streams_token_opens_nothing_but_its_webhook(client, stream_of, post_batch, demo_log):
+    stream, token = stream_of()
+    assert post_batch(stream.pk, event_list(fixture_events(demo_log)), token).status_code == 200
+    for scheme in ("Bearer", "Token"):
+        headers = {"Authorization": f"{scheme} {token}"}
+        for path in ("/api/v1/streams/", f"/api/v1/streams/{stream.pk}/",
+                     f"/api/v1/streams/{stream.pk}/events/",
+                     f"/api/v1/streams/{stream.pk}/kubeconfig/"):
+            assert client.get(path, headers=headers).status_code == 401, (scheme, path)
+        cut = client.post(f"/api/v1/streams/{stream.pk}/incidents/",
+                          {"since": "2000-01-01T00:00:00Z", "until": "2100-01-01T00:00:00Z",
+                           "title": "x"}, content_type="application/json", headers=headers)
+        assert cut.status_code == 401, scheme
+
+
 def test_overload_answers_429_with_retry_after_and_keeps_what_was_acknowledged(
         stream_of, post_batch, demo_log, settings):
     settings.STREAM_CONCURRENCY = 1

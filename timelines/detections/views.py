@@ -47,8 +47,8 @@ def _team(request) -> Team | None:
         return None
     team = Team.objects.filter(name=name).first()
     user = request.user
-    if team is None or not (user.is_superuser or Membership.objects.filter(
-            user=user, team=team).exists()):
+    if team is None or not is_person(user) or not (user.is_superuser or Membership.objects
+                                                   .filter(user=user, team=team).exists()):
         # a team's rules are its members' business: never a hint that another team exists
         raise ValidationError({"team": [f"You are in no team named {name!r}."]})
     return team

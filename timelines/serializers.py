@@ -26,12 +26,25 @@ class EventSerializer(serializers.ModelSerializer):
 
 class EventDetailSerializer(EventSerializer):
     body = serializers.SerializerMethodField(help_text="the stored audit event, redacted")
+    request = serializers.SerializerMethodField(
+        help_text="state Created/DeletionRequested: the audit request that made it, if the "
+                  "incident holds it ({id, audit_id, verb, user, received})")
 
     class Meta(EventSerializer.Meta):
-        fields = [*EventSerializer.Meta.fields, "incident", "body"]
+        fields = [*EventSerializer.Meta.fields, "incident", "body", "request"]
 
     def get_body(self, event: Event) -> dict | None:
         return event.body()
+
+    def get_request(self, event: Event) -> dict | None:
+        from .analysis.statelinks import request_of
+
+        request = request_of(event)
+        if request is None:
+            return None
+        return {"id": request.pk, "audit_id": request.audit_id, "verb": request.verb,
+                "user": request.username,
+                "received": serializers.DateTimeField().to_representation(request.received)}
 
 
 def _time(value, zone) -> str | None:

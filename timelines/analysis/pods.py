@@ -16,7 +16,9 @@ pods (``assemble``):
   once every container has terminated → finished; ``restartCount``; an object's
   ``metadata.creationTimestamp`` → created when no create request was logged;
 - **state rows** of bundles (a snapshot and its time points): ``Created``, ``DeletionRequested``,
-  ``PodScheduled=True``, ``Ready=True``, container starts, the node and the restart counts;
+  ``PodScheduled=True``, ``Ready=True``, container starts, the node and the restart counts, and
+  finished (the last ``finishedAt`` of its terminated containers when the snapshot's phase is
+  Succeeded or Failed);
 - **Kubernetes Events** about the pod: ``Scheduled`` (its node from the message), ``Started``
   (first) → scheduled, started; ``Killing`` or ``Evicted`` → finished when no status says;
   Warning Events are counted; the ``SuccessfulCreate``/``SuccessfulDelete`` Events of its
@@ -267,16 +269,26 @@ def facts_of_event(resource: str, reason: str, severity: str, namespace: str, na
 STATE_FIELDS = {"Created": "created", "DeletionRequested": "deleted",
                 "PodScheduled=True": "scheduled", "Ready=True": "ready",
                 "ContainerStarted": "started", "ContainerTerminated": "started"}
+# A pod's phases after which no container runs again: its containers' last end is *finished*.
+DONE_PHASES = ("Succeeded", "Failed")
 
 
 def facts_of_state(reason: str, namespace: str, name: str, uid: str, at: int,
-                   count: int | None, node: str) -> list[Fact]:
+                   count: int | None, node: str, *, completed: int | None = None,
+                   message: str = "") -> list[Fact]:
     """The facts of one state row about a pod at ``at`` (µs): what its snapshot in a bundle
-    says, which counts where no Event or request says it (rank ``STATE``)."""
+    says, which counts where no Event or request says it (rank ``STATE``). A terminated
+    container's end (``completed``) and a snapshot's phase (its ``message``) Succeeded or Failed
+    give *finished*: the last end of its containers, once the pod is done (``Pod.take``)."""
     facts = [Fact(namespace, name, uid, STATE_FIELDS.get(reason, "seen"), at, STATE,
                   f"state {reason}")]
     if node and reason == "Snapshot":
         facts.append(Fact(namespace, name, uid, "node", at, STATE, "state Snapshot", node))
+    if reason == "Snapshot" and message in DONE_PHASES:
+        facts.append(Fact(namespace, name, uid, "done", at, STATE, "state Snapshot", message))
+    if reason == "ContainerTerminated" and completed is not None:
+        facts.append(Fact(namespace, name, uid, "terminated", completed, STATE,
+                          "state ContainerTerminated"))
     if count is not None and reason.startswith("Container"):
         facts.append(Fact(namespace, name, uid, "restarts", at, STATE, f"state {reason}",
                           count))
@@ -298,6 +310,10 @@ class Pod:
     warnings: int = 0
     create_requests: set[int] = field(default_factory=set)
     seen: int | None = None  # the first time any evidence is about it
+    # from state rows: the last end of a terminated container, and whether a snapshot shows
+    # the pod Succeeded or Failed (then that end is when it finished)
+    last_end: int | None = None
+    done: bool = False
 
     def at(self, name: str) -> int | None:
         chosen = self.times.get(name)
@@ -318,6 +334,15 @@ class Pod:
             return
         if fact.field == "warnings":
             self.warnings += fact.value
+            return
+        if fact.field in ("terminated", "done"):
+            if fact.field == "done":
+                self.done = True
+            else:
+                self.last_end = max(self.last_end or fact.at, fact.at)
+            if self.done and self.last_end is not None:
+                self.take(Fact(self.namespace, self.name, self.uid, "finished", self.last_end,
+                               STATE, "state ContainerTerminated"))
             return
         if fact.field == "created" and fact.rank == REQUEST:
             self.create_requests.add(fact.at)
@@ -357,8 +382,8 @@ def duration_ms(start: tuple[int, int, str] | None,
 
 # The order facts of the same instant are taken in: a pod's own story.
 ORDER = {name: i for i, name in enumerate(("created", "seen", "node", "scheduled", "started",
-                                            "ready", "restarts", "warnings", "finished",
-                                            "deleted"))}
+                                            "ready", "restarts", "warnings", "terminated", "done",
+                                            "finished", "deleted"))}
 
 
 def assemble(facts: Iterable[Fact]) -> list[Pod]:

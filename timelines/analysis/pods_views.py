@@ -49,7 +49,7 @@ from ..queries import BadQuery
 from . import filtered, pods
 
 CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory
-FORMAT = b"hindsight pod facts 2\n"  # the first bytes of a stored ``KnownFacts``
+FORMAT = b"hindsight pod facts 3\n"  # the first bytes of a stored ``KnownFacts``
 CHUNKS_PER_QUERY = 100  # body chunks fetched at once (about 100 × 100 kB compressed)
 MAX_WITH = 8  # incidents drawn beside this one on the page
 # Filters that select whole pods, so that their answer is a part of the unfiltered one.
@@ -58,7 +58,7 @@ POD_FILTERS = frozenset({"namespace", "name", "resource"})
 COLUMN_FILTERS = frozenset({"kind", "since", "until"})
 _ROW_FIELDS = ("id", "kind", "verb", "subresource", "code", "resource", "namespace", "name",
                "object_uid", "received", "reason", "severity", "count", "message", "body_chunk",
-               "body_index", "node")
+               "body_index", "node", "completed")
 
 
 def _successful_writes() -> Q:
@@ -205,9 +205,10 @@ def _no_collection():
 
 def _facts_of_row(row: tuple) -> list[pods.Fact]:
     (_pk, kind, verb, subresource, _code, resource, namespace, name, uid, received, reason,
-     severity, count, message, _chunk, _index, node) = row
+     severity, count, message, _chunk, _index, node, completed) = row
     if kind == "state":
-        return pods.facts_of_state(reason, namespace, name, uid, received, count, node)
+        return pods.facts_of_state(reason, namespace, name, uid, received, count, node,
+                                   completed=completed, message=message)
     if kind == "event":
         return pods.facts_of_event(resource, reason, severity, namespace, name, uid, received,
                                    count, message)

@@ -162,8 +162,9 @@ def _register_builtin() -> None:
         return
     _registered = True
     from ..queries import build_column_index, warm_overview
-    from . import insights, pods_views
+    from . import insights, pods_views, statelinks
 
+    after_ready("state links")(statelinks.link_state_to_requests)
     after_ready("column index")(build_column_index)
     after_ready("overview")(lambda incident_id: warm_overview(
         incident_id, cache_figures=cache_figures()))

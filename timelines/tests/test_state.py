@@ -229,8 +229,8 @@ def test_a_waiting_container_and_a_stuck_deletion_are_warnings_at_capture():
 def _ingest(path: Path) -> tuple[dict, int]:
     out = StringIO()
     try:
-        call_command("ingest", str(path), incident=path.name, json=True, stdout=out,
-                     stderr=StringIO())
+        call_command("ingest", str(path), incident=path.name, json=True, wait_complete=True,
+                     stdout=out, stderr=StringIO())
         code = 0
     except SystemExit as exc:
         code = exc.code
@@ -332,3 +332,29 @@ def test_pod_phases_come_from_snapshots_where_events_and_audit_are_silent(gather
         assert to_utc(got["ready"]) == when["Ready"]
         assert to_utc(got["started"]) == min(starts)
         assert got["restarts"] == max(c["restartCount"] for c in status["containerStatuses"])
+
+
+@pytest.mark.django_db
+def test_a_pod_done_at_capture_finished_at_its_last_container_end(gather, incident, ingest_file,
+                                                                  api):
+    path = next(p for n, p in gather.items() if n.endswith("/openshift-etcd/core/pods.yaml"))
+    assert ingest_file(incident, path).status == "done"
+
+    found = {pod["name"]: pod for pod in api(f"/api/v1/incidents/{incident.pk}/pods/").json()}
+
+    pods = items(path)
+    done = [pod for pod in pods if pod["status"]["phase"] in ("Succeeded", "Failed")]
+    assert done and len(done) < len(pods)  # some finished, some still running
+    for pod in pods:
+        got = found[pod["metadata"]["name"]]
+        status = pod["status"]
+        ends = [to_utc(state["terminated"]["finishedAt"])
+                for key in ("initContainerStatuses", "containerStatuses")
+                for c in status.get(key) or []
+                for state in (c.get("state") or {}, c.get("lastState") or {})
+                if (state.get("terminated") or {}).get("finishedAt")]
+        if pod in done:
+            assert to_utc(got["finished"]) == max(ends)
+            assert got["sources"]["finished"] == "state ContainerTerminated"
+        else:
+            assert got["finished"] is None

@@ -112,7 +112,7 @@ def test_a_killed_worker_s_upload_runs_again_without_losing_or_doubling_events(
     for child in children:
         child.kill()
 
-    upload = _wait(upload_id, lambda u: u.complete, timeout=180)
+    upload = _wait(upload_id, lambda u: u.complete, timeout=600)  # a ceiling (see test_faults)
 
     assert upload.status == Upload.Status.DONE, upload.message
     assert upload.attempts >= 2

@@ -21,12 +21,12 @@ from rest_framework.response import Response
 from hindsight.schema import event_filter_parameters
 from incidents.serializers import absolute
 from timelines import aggregate
-from timelines.api import EventCursorPagination
+from timelines.api import EventCursorPagination, figure_options
 from timelines.figures import COLOURS, MAX_SPANS, build_gantt_figure
 from timelines.filters import EventFilterSet
 from timelines.lanes import GROUPS
 from timelines.models import Event
-from timelines.queries import _SPAN_FIELDS as SPAN_FIELDS
+from timelines.queries import SPAN_FIELDS
 from timelines.serializers import LIST_COLUMNS, EventSerializer, event_rows
 
 from . import store
@@ -278,11 +278,7 @@ def stream_figure(request, stream_pk: int):
     stream's filtered events, from ``since`` (default: ``minutes`` before the newest matching
     event) to ``until``; at most ``MAX_SPANS`` events, the newest."""
     stream = get_visible_stream(request.user, stream_pk)
-    group = request.query_params.get("lanes", "object")
-    colour = request.query_params.get("colour", "verb")
-    if group not in GROUPS or colour not in COLOURS:
-        raise ValidationError({"lanes": f"one of {', '.join(GROUPS)}",
-                               "colour": f"one of {', '.join(COLOURS)}"})
+    group, colour = figure_options(request.query_params)
     try:
         minutes = min(60, max(1, int(request.query_params.get("minutes", TAIL_MINUTES))))
     except ValueError:

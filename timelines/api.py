@@ -194,6 +194,17 @@ def _filtered_events(request, incident_pk: int):
     return incident, filterset.qs.order_by("received", "id")
 
 
+def figure_options(params) -> tuple[str, str]:
+    """The figure's grouping of lanes and colouring from ``lanes`` and ``colour`` (the incident's
+    and a stream's figure); 400 for another value."""
+    group = params.get("lanes", "object")
+    colour = params.get("colour", "verb")
+    if group not in GROUPS or colour not in COLOURS:
+        raise ValidationError({"lanes": f"one of {', '.join(GROUPS)}",
+                               "colour": f"one of {', '.join(COLOURS)}"})
+    return group, colour
+
+
 @api_view(["GET"])
 def incident_figure(request, incident_pk: int):
     """The timeline figure of the incident's filtered events (Plotly JSON): a Gantt of WebGL
@@ -215,11 +226,7 @@ def incident_figure(request, incident_pk: int):
     Answers of ``GZIP_MIN_BYTES`` or more are gzipped when the client accepts it.
     """
     incident = get_visible_incident(request.user, incident_pk)
-    group = request.query_params.get("lanes", "object")
-    colour = request.query_params.get("colour", "verb")
-    if group not in GROUPS or colour not in COLOURS:
-        raise ValidationError({"lanes": f"one of {', '.join(GROUPS)}",
-                               "colour": f"one of {', '.join(COLOURS)}"})
+    group, colour = figure_options(request.query_params)
     try:
         body = figure_json(incident, request.query_params, group=group, colour=colour)
     except BadQuery as exc:

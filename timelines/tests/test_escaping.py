@@ -234,7 +234,8 @@ def test_every_control_character_of_an_audit_log_is_stored_as_read_by_the_bulk_l
     path.write_bytes(data)
     out, err = io.StringIO(), io.StringIO()
 
-    call_command("ingest", str(path), incident="bulk", jobs=1, json=True, stdout=out, stderr=err)
+    call_command("ingest", str(path), incident="bulk", jobs=1, json=True, wait_complete=True,
+                 stdout=out, stderr=err)
 
     assert "attached" in err.getvalue()  # the load's own table, attached as a partition
     summary = json.loads(out.getvalue().strip().splitlines()[-1])

@@ -371,7 +371,7 @@ def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int) -> int:
             f"WITH replaced AS ("
             f" SELECT DISTINCT e.body_chunk FROM {_STAGE_TABLE} s JOIN timelines_event e"
             f" ON e.incident_id = s.incident_id AND e.received = s.received"
-            f" AND e.audit_id = s.audit_id AND e.incident_id = {incident}"
+            f" AND e.audit_id = s.audit_id"
             f" WHERE {MERGE_RULE.replaces_sql('s', 'e')}),"
             # New requests are counted before the insert (the statement's one snapshot):
             # a partitioned table cannot return xmax to tell inserts from updates.
@@ -379,7 +379,7 @@ def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int) -> int:
             f" SELECT count(*) AS n FROM (SELECT DISTINCT incident_id, received, audit_id"
             f" FROM {_STAGE_TABLE}) s WHERE NOT EXISTS (SELECT 1 FROM timelines_event e"
             f" WHERE e.incident_id = s.incident_id AND e.received = s.received"
-            f" AND e.audit_id = s.audit_id AND e.incident_id = {incident})),"
+            f" AND e.audit_id = s.audit_id)),"
             f" merged AS ("
             f" INSERT INTO timelines_event ({columns})"
             # One row per request: a batch of COPY rows may repeat one (a file holding the same

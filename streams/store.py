@@ -168,7 +168,9 @@ def _write_hour(segment: Segment, hour: datetime, rows: list[Row]) -> int | None
         # Not the straight COPY first: a batch nearly always completes requests that the batch
         # before it left open (RequestReceived), so the COPY would fail on them and be redone
         # as a merge.
-        new = write_rows(segment.incident_id, None, rows, optimistic=False)
+        partition = (slot_table(segment.stream_id, segment.slot)
+                     if connection.vendor == "postgresql" else None)
+        new = write_rows(segment.incident_id, None, rows, optimistic=False, partition=partition)
         if connection.vendor == "postgresql":
             # The writer turns synchronous_commit off for files (an ingest can be re-run); an
             # acknowledged batch cannot: the apiserver has dropped it.

@@ -41,6 +41,27 @@ def test_a_batch_sent_twice_adds_nothing(stream_of, post_batch, demo_log):
     assert dict(store.events(stream).values_list("id", "audit_id")) == before
 
 
+def test_a_batch_is_merged_through_its_slots_table_alone(stream_of, post_batch, demo_log):
+    """Every stream adds partitions; a merge through the parent table would plan and probe them
+    all (302 ms a batch with eleven streams, ``bench/README.md``)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    stream, token = stream_of()
+    stream_of("other")  # partitions of another stream, which the merge must not read
+    body = event_list(fixture_events(demo_log))
+    assert post_batch(stream.pk, body, token).status_code == 200
+    with CaptureQueriesContext(connection) as queries:
+        again = post_batch(stream.pk, body, token)  # all stored: merged, not copied
+    assert again.status_code == 200 and again.json()["new"] == 0
+    merges = [q["sql"] for q in queries.captured_queries if "ON CONFLICT" in q["sql"]]
+    slots = {store.slot_table(stream.pk, s.slot) for s in stream.segments.all()}
+    assert merges
+    for sql in merges:
+        assert "timelines_event " not in sql.replace("INTO timelines_event_stage", "")
+        assert any(f"INSERT INTO {slot} " in sql for slot in slots), sql[:300]
+
+
 def test_stages_of_a_request_in_different_batches_make_one_event(stream_of, post_batch,
                                                                  fixtures_dir):
     path = fixtures_dir / "audit" / "openshift-requestresponse.log"

@@ -18,6 +18,7 @@ incident's deletion has committed, no batch of it is written any more, which is 
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -101,7 +102,8 @@ MERGE_RULE = MergeRule()
 
 
 def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
-               optimistic: bool = True, table: str | None = None) -> int:
+               optimistic: bool = True, table: str | None = None,
+               partition: str | None = None) -> int:
     """Merge rows into the store in one transaction; returns how many were new requests.
 
     ``optimistic``: on PostgreSQL, first try to COPY straight into the table, which is right
@@ -110,6 +112,10 @@ def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
 
     ``table``: on PostgreSQL, COPY into this load table instead (``timelines.ingest.bulk``),
     which has no unique index: its rows are deduplicated when the load finishes.
+
+    ``partition``: on PostgreSQL, the leaf partition of ``timelines_event`` that holds the
+    incident (a stream's slot table, ``streams.store``): the merge reads and writes it by name
+    (see ``_merge_postgres``).
     """
     rows = _latest_per_request(replace_nul(rows)[0])
     with transaction.atomic():
@@ -122,7 +128,7 @@ def write_rows(incident_id: int, upload_id: int | None, rows: Sequence[Row], *,
                 return len(rows)
             if optimistic and _copy_new(text):
                 return len(rows)
-            return _merge_postgres(text, chunk_ids, incident_id)
+            return _merge_postgres(text, chunk_ids, incident_id, partition)
         return _merge_generic(incident_id, upload_id, rows, chunk_ids)
 
 
@@ -342,17 +348,24 @@ def _copy_new(text: str | bytes) -> bool:
         return False
 
 
-def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int) -> int:
+def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int,
+                    partition: str | None = None) -> int:
     """Merge a batch of one incident's rows (COPY text) through the staging table.
 
-    The reads of stored rows name the incident as a constant, not only through the staging
-    table's column: only then does the planner prune ``timelines_event`` to the incident's
-    partition, where otherwise it plans (and probes) every partition, and each bulk-loaded
-    incident and audit stream (``streams``: one table per hour of its ring) adds some (measured
-    on a 400-row batch of a stream: 29 ms with one stream in the database and 302 ms with
-    eleven before, 23-29 ms with one to twenty-one since)."""
+    The stored rows are joined through the staging table's incident column, not the incident
+    as a constant: with a constant the planner prunes to the incident's partition at plan time
+    and plans by that partition's statistics, which after a purge or before the first ANALYZE
+    may say it is empty, and then merges by a nested loop over its rows (seconds per 2,000-row
+    batch of a re-run, seen on the DEFAULT partition). Through the join it plans every
+    partition instead, which costs a little per partition: the slot tables of audit streams
+    add one per hour of each ring, so a stream names its slot's leaf table (``partition``) and
+    the merge reads and writes only that (measured on 400-event batches with eleven streams:
+    302 ms through the parent, 29 ms by the slot's table, ``bench/README.md``)."""
     columns = ", ".join(COLUMNS)
     incident = int(incident_id)
+    target = partition or "timelines_event"
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", target):
+        raise ValueError(f"not a table name: {target!r}")
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE_TABLE} ON COMMIT DELETE ROWS AS "
                        f"SELECT {columns} FROM timelines_event WITH NO DATA")
@@ -369,7 +382,7 @@ def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int) -> int:
             # ``replaced`` reads the rows as they were before the insert (one snapshot per
             # statement): the chunks of stages that a later stage is about to replace.
             f"WITH replaced AS ("
-            f" SELECT DISTINCT e.body_chunk FROM {_STAGE_TABLE} s JOIN timelines_event e"
+            f" SELECT DISTINCT e.body_chunk FROM {_STAGE_TABLE} s JOIN {target} e"
             f" ON e.incident_id = s.incident_id AND e.received = s.received"
             f" AND e.audit_id = s.audit_id"
             f" WHERE {MERGE_RULE.replaces_sql('s', 'e')}),"
@@ -377,18 +390,18 @@ def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int) -> int:
             # a partitioned table cannot return xmax to tell inserts from updates.
             f" fresh AS ("
             f" SELECT count(*) AS n FROM (SELECT DISTINCT incident_id, received, audit_id"
-            f" FROM {_STAGE_TABLE}) s WHERE NOT EXISTS (SELECT 1 FROM timelines_event e"
+            f" FROM {_STAGE_TABLE}) s WHERE NOT EXISTS (SELECT 1 FROM {target} e"
             f" WHERE e.incident_id = s.incident_id AND e.received = s.received"
             f" AND e.audit_id = s.audit_id)),"
             f" merged AS ("
-            f" INSERT INTO timelines_event ({columns})"
+            f" INSERT INTO {target} ({columns})"
             # One row per request: a batch of COPY rows may repeat one (a file holding the same
             # lines twice), and ON CONFLICT cannot touch a row twice: the one the rule keeps
             # (rows come in body order).
             f" SELECT DISTINCT ON (incident_id, received, audit_id) {columns} FROM {_STAGE_TABLE}"
             f" ORDER BY incident_id, received, audit_id,"
             f" {MERGE_RULE.keep_first_sql(_STAGE_TABLE, 'body_chunk, body_index')}"
-            f" {MERGE_RULE.on_conflict()}"
+            f" {MERGE_RULE.on_conflict(target)}"
             f" RETURNING body_chunk)"
             f" SELECT (SELECT n FROM fresh), (SELECT array_agg(DISTINCT body_chunk) FROM merged),"
             f" (SELECT array_agg(body_chunk) FROM replaced)"

@@ -44,14 +44,47 @@ def enqueue(stored: dict) -> None:
         except Exception:
             log.exception("detections of a stream batch not queued")
         return
-    threading.Thread(target=_run, args=(stored,), name="stream-detect", daemon=True).start()
+    _enqueue_here(stored)
 
 
-def _run(stored: dict) -> None:
+# Without a broker, one thread per web process evaluates what the batches stored since its last
+# round, all at once: a thread per batch made as many evaluations at once as batches arrived
+# (each a few queries and the rules), which under load took the receivers' CPU and interpreter
+# (at 3 apiservers' pace: 4,100 events/s acknowledged, p50 240 ms, against 11,900 events/s and
+# 61 ms with none), and queued on the slot's lock besides.
+_pending: dict[str, list] = {}
+_pending_lock = threading.Lock()
+_drainer: threading.Thread | None = None
+
+
+def _enqueue_here(stored: dict) -> None:
+    global _drainer
+    with _pending_lock:
+        for incident_id, rows in stored.items():
+            _pending.setdefault(incident_id, []).extend(rows)
+        if _drainer is None:
+            _drainer = threading.Thread(target=_drain, name="stream-detect", daemon=True)
+            _drainer.start()
+
+
+def _drain() -> None:
+    global _drainer
     try:
-        detect_batch(stored)
-    except Exception:
-        log.exception("detections of a stream batch failed")
+        while True:
+            with _pending_lock:
+                if not _pending:
+                    _drainer = None
+                    return
+                taken = dict(_pending)
+                _pending.clear()
+            try:
+                detect_batch(taken)
+            except Exception:
+                log.exception("detections of stream batches failed")
+    except BaseException:
+        with _pending_lock:
+            _drainer = None
+        raise
     finally:
         connection.close()
 

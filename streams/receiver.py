@@ -180,7 +180,10 @@ def parse_batch(body: bytes, source: str) -> tuple[list, str | None]:
     events = NativeEvents(report, Redactor(settings.REDACT_EXTRA_PATHS, enabled=settings.REDACT))
     rows = []
     for index, item in enumerate(items):
-        rows.extend(events.feed(item, index))
+        # The item's JSON text lets the redactor decide from the bytes whether anything could
+        # need replacing, as for a file's lines, instead of walking every string of every event
+        # (a quarter of a batch's time); the same text is what is stored when nothing does.
+        rows.extend(events.feed(item, index, orjson.dumps(item)))
     rows.extend(events.flush())
     if report.skipped:
         # Report.skip wrote "source:index: reason"

@@ -135,3 +135,33 @@ def test_evaluating_again_replaces_and_emptying_drops(stream_of, post_batch, tea
     for segment in stream.segments.all():
         store.empty_segment(segment)
     assert not DetectionEvent.objects.filter(incident_id__in=slots).exists()
+
+
+def test_batches_stored_while_an_evaluation_runs_are_evaluated_together(settings, monkeypatch):
+    """Without a broker one thread a process evaluates the batches: those stored meanwhile are
+    taken in its next round, all at once, not each in a thread of its own."""
+    from streams import detect
+
+    settings.CELERY_BROKER_URL = ""
+    started, release = threading.Event(), threading.Event()
+    rounds = []
+
+    def evaluate_round(stored):
+        rounds.append({k: list(v) for k, v in stored.items()})
+        started.set()
+        release.wait(30)
+        return {}
+
+    monkeypatch.setattr(detect, "detect_batch", evaluate_round)
+    detect.enqueue({1: [("2024-01-01T00:00:00+00:00", "a")]})
+    assert started.wait(30)
+    for audit_id in "bcde":
+        detect.enqueue({1: [("2024-01-01T00:00:01+00:00", audit_id)], 2: [("t", audit_id)]})
+    assert [t.name for t in threading.enumerate()].count("stream-detect") == 1
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name == "stream-detect":
+            thread.join(30)
+    assert len(rounds) == 2
+    assert [a for _, a in rounds[1]["1"]] == list("bcde")
+    assert [a for _, a in rounds[1]["2"]] == list("bcde")

@@ -131,3 +131,18 @@ def test_the_raw_line_never_rules_out_a_match():
                     assert not any(rule.test(View(stage)) for stage in
                                    engine.stages_of(event)), (path.name, rule.name)
     assert ruled_out > 100
+
+
+def test_a_rule_set_is_read_once_for_the_same_files_and_again_when_one_changes():
+    shipped = rules.default_files()
+    first = rules.load(shipped)
+    assert rules.load(list(shipped)) is first
+    extra = ("extra.yaml", "- rule: Any pod\n  desc: d\n  condition: ka.target.resource=pods\n"
+             "  output: o\n  priority: INFO\n  source: k8s_audit\n")
+    added = rules.load(shipped + [extra])
+    assert added is not first and added.rule("Any pod") is not None
+    assert first.rule("Any pod") is None
+    changed = (extra[0], extra[1].replace("Any pod", "Some pod"))
+    assert rules.load(shipped + [changed]).rule("Some pod") is not None
+    with pytest.raises(rules.RulesError):
+        rules.load(shipped + [("bad.yaml", "- rule: x\n  condition: ka.nope=1\n")])

@@ -37,43 +37,6 @@ class PositiveTime:
 POSITIVE_TIME = PositiveTime()
 
 
-class RawLine:
-    """A field of an event not parsed yet, seen only as its raw JSON line: a comparison that
-    needs a literal in the value (``=``, ``contains``, ``startswith``, ``endswith``, ``in``,
-    ``intersects``) is false when the literal is nowhere in the line, unknown otherwise. Only
-    for RAW_FIELDS and literals of characters that no JSON encoder escapes (RAW_SAFE)."""
-
-    __slots__ = ("line",)
-
-    def __init__(self, line: bytes):
-        self.line = line
-
-
-RAW_SAFE = re.compile(r"[A-Za-z0-9_.:/@*+-]+")
-# fields whose every value appears verbatim in the event's JSON line (strings and booleans
-# taken as they are; no default, no decoding, no number formatting)
-RAW_FIELDS = frozenset({
-    "ka.verb", "ka.uri", "ka.useragent", "ka.sourceips", "ka.user.name", "ka.user.groups",
-    "ka.impuser.name", "ka.target.name", "ka.target.namespace", "ka.target.resource",
-    "ka.target.subresource", "ka.auth.decision", "ka.auth.reason", "ka.resp.name",
-    "ka.response.reason", "ka.req.binding.role", "ka.req.binding.subjects",
-    "ka.req.configmap.name", "ka.req.configmap.obj", "ka.req.service.type",
-    "ka.req.pod.host_network", "ka.req.pod.host_pid", "ka.req.pod.host_ipc",
-    "ka.req.pod.containers.image", "ka.req.pod.containers.image.repository",
-    "ka.req.pod.initContainers.image", "ka.req.pod.initContainers.image.repository",
-    "ka.req.pod.ephemeralContainers.image", "ka.req.pod.ephemeralContainers.image.repository",
-    "ka.req.pod.volumes.hostpath", "ka.req.role.rules.verbs", "ka.req.role.rules.resources",
-    "ka.req.role.rules.apiGroups", "ka.req.role.rules.resourceNames",
-    "ka.req.role.rules.nonResourceURLs",
-})
-RAW_OPS = ("=", "==", "contains", "startswith", "endswith", "bcontains", "bstartswith")
-
-
-def _raw_literals(text: str, items: list[str]) -> list[bytes] | None:
-    """The literals to look for in the raw line, or None when the raw line cannot tell."""
-    if text not in RAW_FIELDS or not items or not all(RAW_SAFE.fullmatch(i) for i in items):
-        return None
-    return [i.encode() for i in items]
 Test = Callable[["View"], "bool | None"]  # True, False, or None for unknown
 
 
@@ -354,7 +317,7 @@ def negate(part: Test) -> Test:
 def exists(text: str, extract) -> Test:
     def test(view):
         value = view.get(text, extract)
-        if value is UNKNOWN or isinstance(value, RawLine):
+        if value is UNKNOWN:
             return None
         return value is not None and value != []
     return test
@@ -394,7 +357,6 @@ def _scalar_test(op: str, operand: str) -> Callable[[str], bool]:
 def compare(text: str, extract, op: str, operand: str, is_list: bool) -> Test:
     check = _scalar_test(op, operand)
     negative = op == "!="
-    literals = _raw_literals(text, [operand]) if op in RAW_OPS else None
 
     rhs = number(operand)
     at_most_zero = rhs is not None and rhs <= 0
@@ -409,8 +371,6 @@ def compare(text: str, extract, op: str, operand: str, is_list: bool) -> Test:
             return False
         if value is POSITIVE_TIME:
             return on_positive
-        if isinstance(value, RawLine):
-            return None if literals is None or literals[0] in value.line else False
         if isinstance(value, list):
             if not value:
                 return False
@@ -429,16 +389,11 @@ def pmatch(value: str, prefixes: list[str]) -> bool:
 
 def member(text: str, extract, op: str, items: list[str], is_list: bool) -> Test:
     wanted = frozenset(items)
-    literals = _raw_literals(text, items) if op in ("in", "intersects") else None
 
     def test(view):
         value = view.get(text, extract)
         if value is UNKNOWN or value is POSITIVE_TIME:
             return None
-        if isinstance(value, RawLine):
-            if literals is None:
-                return None
-            return None if any(literal in value.line for literal in literals) else False
         if value is None:
             return False
         values = value if isinstance(value, list) else [value]

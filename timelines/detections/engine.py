@@ -12,7 +12,7 @@ apiserver logged but whose line was not the one kept differs from the kept one o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,16 +25,18 @@ STAGE_ORDER = ("RequestReceived", "ResponseStarted", "ResponseComplete", "Panic"
 NOT_AUDIT = "data not recognized as a k8s audit event"
 
 
-def stages_of(event: dict) -> list[dict]:
-    """The stages the request of ``event`` (its last stored stage) reached, last first."""
+def stages_of(event: dict, only: Container[str] | None = None) -> list[dict]:
+    """The stages the request of ``event`` (its last stored stage) reached, last first; with
+    ``only``, just those of these stages (and the stored one if its stage is not a known one),
+    without copying the event for the others."""
     stage = event.get("stage")
-    out = [event]
-    if stage in ("ResponseComplete", "Panic"):
+    out = [event] if only is None or stage in only or stage not in STAGE_ORDER else []
+    if stage in ("ResponseComplete", "Panic") and (only is None or "ResponseStarted" in only):
         code = (event.get("responseStatus") or {}).get("code")
         long_running = code == 101 or event.get("verb") == "watch"
         if long_running:
             out.append({**event, "stage": "ResponseStarted"})
-    if stage != "RequestReceived":
+    if stage != "RequestReceived" and (only is None or "RequestReceived" in only):
         earlier = {k: v for k, v in event.items()
                    if k not in ("responseStatus", "responseObject")}
         earlier["stage"] = "RequestReceived"

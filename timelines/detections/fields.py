@@ -63,9 +63,17 @@ def json_pointer(event: dict, pointer: str):
         return event
     if not pointer.startswith("/"):
         return None
+    return follow(event, pointer_keys(pointer))
+
+
+def pointer_keys(pointer: str) -> list[str]:
+    """The keys of a JSON pointer that starts with ``/``, unescaped."""
+    return [raw.replace("~1", "/").replace("~0", "~") for raw in pointer[1:].split("/")]
+
+
+def follow(event: dict, keys: list[str]):
     node = event
-    for raw in pointer[1:].split("/"):
-        key = raw.replace("~1", "/").replace("~0", "~")
+    for key in keys:
         if isinstance(node, dict):
             if key not in node:
                 return None
@@ -120,9 +128,17 @@ def simple(name: str, *path, is_list: bool = False):
                 return None
             return [render(v) for v in value if v is not None]
     else:
+        # the body's few hundred thousand reads of ``verb``, ``objectRef.resource``…: one
+        # dict lookup a key and a string returned as it is, rather than ``dig`` and ``render``
         def extract(event):
-            value = dig(event, *path)
-            return None if isinstance(value, dict | list) and not value else render(value)
+            node = event
+            for key in path:
+                if not isinstance(node, dict):
+                    return None
+                node = node.get(key)
+            if node.__class__ is str:
+                return node
+            return None if isinstance(node, dict | list) and not node else render(node)
     field(name, is_list=is_list)(extract)
 
 
@@ -369,6 +385,9 @@ def extractor(text: str) -> Extractor | None:
     if name in ARG_FIELDS:
         if arg is None:
             return None
+        if name == "jevt.value" and arg.startswith("/"):
+            keys = pointer_keys(arg)  # split once, not at every event
+            return lambda event: render(follow(event, keys))
         return lambda event: function(event, arg)
     if arg is not None:
         # a list field may be indexed: ka.req.pod.containers.image[0]

@@ -6,6 +6,8 @@ coloured by verb or outcome. Bars are WebGL line segments (``scattergl``): SVG s
 of seconds for 100k spans, WebGL a few.
 Spans that never ended are drawn to the window's end, dotted. On object lanes each object's
 lifespan (create to delete) runs beneath its requests, with a marker per successful mutation.
+Requests a Falco rule matched (``timelines.detections``) get a star over their start, coloured
+by the severity of the most severe rule.
 It draws ``Bar``s (times in integer microseconds; ``Span``s are turned into bars) and keeps its
 JSON small (x as epoch milliseconds; hover texts as numbers into a table of strings, which the
 page joins): 20,000 bars in well under 200 ms.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -47,6 +49,17 @@ MUTATIONS = {
     "delete": ("deleted", "x", "#b91c1c"),
 }
 LIFESPAN_COLOUR = "rgba(100, 116, 139, 0.35)"
+# (legend name, colour) of the star on a detected request, by the severity of its most severe
+# rule; the dark outline keeps it apart from the bar beneath whatever the bar's colour
+DETECTIONS = {
+    "critical": ("detected: critical", "#dc2626"),
+    "warning": ("detected: warning", "#f97316"),
+    "info": ("detected: info", "#facc15"),
+}
+DETECTION_OUTLINE = "#111827"
+# A star sits this far (in lanes) above its bar's middle, still in its lane: on it, it would hide
+# the mutation marker at the end of a short request.
+DETECTION_LIFT = 0.3
 # Light to dark blue over the decimal logarithm of a cell's count (an empty cell is not drawn):
 # a lane of 5 events per cell stays visible beside one of 7,000, where a linear scale washed it
 # to white. A single event is already a colour of its own, not a shade of white.
@@ -201,7 +214,9 @@ def _min_bar(window_start: int | None, window_end: int | None) -> int:
 
 def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
                        colour: str = "verb", window_start: datetime | None = None,
-                       window_end: datetime | None = None) -> dict:
+                       window_end: datetime | None = None,
+                       detections: Mapping[int, Sequence[tuple[str, str, str]]] | None = None,
+                       ) -> dict:
     """A Plotly figure dict: one WebGL line trace per colour (open spans in their own, dotted),
     lanes on the y axis in order of first appearance, time on the x axis from ``window_start``
     (default: the first start) to ``window_end`` (default: the last end). Bars are at least
@@ -214,10 +229,16 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
     string took twice the room and most of the time), and each bar, a segment of three points
     (start, end, gap), has no hover text but four label parts (what, object, user: numbers into
     the figure's ``labels``, a table of strings; its duration in microseconds, -1 if open),
-    which the page joins into the text (static/js/timeline.js; ``hover_texts`` here): making
+    which the page joins into the text (static/js/hover.js; ``hover_texts`` here): making
     20,000 texts took a third of the figure's time, and sending them half its bytes.
     ``customdata`` of every bar point and marker is the event id. ``spans``: Spans (datetimes)
-    or Bars (microseconds), which are quicker."""
+    or Bars (microseconds), which are quicker.
+
+    ``detections``: event id → ``(rule, priority, severity)`` of the Falco rules that matched
+    it, the most severe first (``detections.marks``). Each drawn event among them gets a star
+    at its start, ``DETECTION_LIFT`` above its bar, in one marker trace per severity of its
+    first rule (``DETECTIONS``), drawn last; its hover text names the rules and priorities.
+    ``meta["detected"]``: how many drawn events are marked."""
     if group not in GROUPS:
         raise ValueError(f"group must be one of {tuple(GROUPS)}, not {group!r}")
     if colour not in COLOURS:
@@ -244,6 +265,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
     whats: dict[tuple, int] = {}
     things: dict[tuple, int] = {}
     users: dict[str, int] = {}
+    detected = []  # (bar, lane, what, thing, who) of the bars a rule matched
     for bar in bars:
         (pk, kind, start, end, verb, code, resource, namespace, name, user, agent, source,
          reason, subresource) = bar
@@ -271,6 +293,8 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         who = users.get(user)
         if who is None:
             who = users[user] = _string(strings, user)
+        if detections and pk in detections:
+            detected.append((bar, lane, what, thing, who))
         xs, ys, parts, ids = column
         stop = right if end is None else end
         if stop - start < shortest:
@@ -285,6 +309,8 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         lives, markers = _lifecycle_traces(changes, change_lanes, lanes, left, right, shortest,
                                            strings)
         data = [*lives, *data, *markers]  # lifespans beneath the requests, markers over them
+    if detected:
+        data += _detection_traces(detected, detections, strings)
     names = list(lanes)
     layout = _layout(names, yaxis={"tickmode": "array", "tickvals": list(range(len(names))),
                                    "ticktext": [short_label(name) for name in names]})
@@ -302,7 +328,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         "labels": list(strings),
         "lanes": names,
         "meta": {"mode": "gantt", "spans": len(bars), "lanes": len(names), "total": len(bars),
-                 "lanes_per_page": LANES_PER_PAGE,
+                 "lanes_per_page": LANES_PER_PAGE, "detected": len(detected),
                  "range": None if first is None else _range(moment(first), moment(last))},
     }
 
@@ -388,6 +414,36 @@ def _lifecycle_traces(changes: list[Bar], change_lanes: list[str], lanes: dict[s
                  "y": bars_y, "text": bars_text, "hoverinfo": "text", "connectgaps": False,
                  "line": {"color": LIFESPAN_COLOUR, "width": 3}}
     return ([lifespans] if bars_x else []), [markers[v] for v in MUTATIONS if v in markers]
+
+
+def _detection_traces(detected: list[tuple[Bar, int, int, int, int]],
+                      detections: Mapping[int, Sequence[tuple[str, str, str]]],
+                      strings: dict[str, int]) -> list[dict]:
+    """One star marker trace per severity (``DETECTIONS``' order) of the detected bars
+    (``(bar, lane, what, thing, who)``, the last three label numbers of the bar's text). A
+    star's label parts are ``[rules, what, thing, who]``: ``rules`` the rules that matched,
+    each with its priority, as one string (``hover_texts``)."""
+    traces: dict[str, dict] = {}
+    for bar, lane, what, thing, who in detected:
+        matched = detections[bar[0]]
+        severity = matched[0][2] if matched[0][2] in DETECTIONS else "info"
+        trace = traces.get(severity)
+        if trace is None:
+            name, hue = DETECTIONS[severity]
+            trace = traces[severity] = {
+                "type": "scattergl", "mode": "markers", "name": name,
+                "legendgroup": "detected", "x": [], "y": [], "customdata": [],
+                "labels": {"form": "detection", "parts": []}, "hoverinfo": "text",
+                "marker": {"symbol": "star", "color": hue, "size": 13,
+                           "line": {"color": DETECTION_OUTLINE, "width": 1}},
+            }
+        rules = ", ".join(f"{rule} ({priority})" if priority else rule
+                          for rule, priority, _ in matched)
+        trace["x"].append(bar[2] / 1000)
+        trace["y"].append(lane - DETECTION_LIFT)
+        trace["labels"]["parts"] += (_string(strings, rules), what, thing, who)
+        trace["customdata"].append(bar[0])
+    return [traces[severity] for severity in DETECTIONS if severity in traces]
 
 
 # --- heatmap -------------------------------------------------------------------------------------
@@ -513,12 +569,14 @@ def _string(strings: dict[str, int], text: str) -> int:
 
 def hover_texts(figure: dict) -> list[list[str | None]]:
     """Each trace's hover texts, one per point, as the page makes them from the figure's
-    ``labels`` (static/js/timeline.js ``hoverTexts``; a browser test compares the two):
+    ``labels`` (static/js/hover.js ``hoverTexts``; a browser test compares the two):
 
     - a bar (three points: start, end, gap) from its parts ``[what, object, user, took]``:
       ``"HH:MM:SS.ffffff kind what object user (took)"``, took in milliseconds to the
       microsecond, or ``open``; on both its ends;
     - a mutation marker from ``[what, user]``: ``"what by user at HH:MM:SS.ffffff"``;
+    - a detection's star from ``[rules, what, object, user]``:
+      ``"⚑ rules: what object by user at HH:MM:SS.ffffff"``;
     - a trace without labels (lifespans) keeps its ``text``, each bar's on both its ends."""
     strings = figure.get("labels", [])
     texts = []
@@ -542,6 +600,11 @@ def hover_texts(figure: dict) -> list[list[str | None]]:
                 text[bar * 3] = text[bar * 3 + 1] = (
                     f"{clock_time(start)} {labels['kind']} {strings[what]} {strings[thing]} "
                     f"{strings[user]} ({took_text})")
+        elif labels["form"] == "detection":
+            for point in range(len(x)):
+                rules, what, thing, user = parts[point * 4:point * 4 + 4]
+                text[point] = (f"⚑ {strings[rules]}: {strings[what]} {strings[thing]} by "
+                               f"{strings[user]} at {clock_time(round(x[point] * 1000))}")
         else:
             for point in range(len(x)):
                 what, user = parts[point * 2:point * 2 + 2]

@@ -49,17 +49,18 @@ MUTATIONS = {
     "delete": ("deleted", "x", "#b91c1c"),
 }
 LIFESPAN_COLOUR = "rgba(100, 116, 139, 0.35)"
-# (legend name, colour) of the star on a detected request, by the severity of its most severe
-# rule; the dark outline keeps it apart from the bar beneath whatever the bar's colour
+# (legend name, colour, outline) of the star on a detected request, by the severity of its most
+# severe rule. The outline, a dark shade of the colour, keeps a star apart from the bar beneath
+# it whatever the bar's colour (a critical star on a red delete bar); stars crowded together
+# stay of their colour, where a black outline made a black blot of them.
 DETECTIONS = {
-    "critical": ("detected: critical", "#dc2626"),
-    "warning": ("detected: warning", "#f97316"),
-    "info": ("detected: info", "#facc15"),
+    "critical": ("detected: critical", "#dc2626", "#7f1d1d"),
+    "warning": ("detected: warning", "#f97316", "#9a3412"),
+    "info": ("detected: info", "#facc15", "#a16207"),
 }
-DETECTION_OUTLINE = "#111827"
-# A star sits this far (in lanes) above its bar's middle, still in its lane: on it, it would hide
-# the mutation marker at the end of a short request.
-DETECTION_LIFT = 0.3
+# A star sits about this many pixels above its bar's middle, still in its lane: on it, it would
+# hide the mutation marker at the end of a short request.
+DETECTION_LIFT_PX = 6
 # Light to dark blue over the decimal logarithm of a cell's count (an empty cell is not drawn):
 # a lane of 5 events per cell stays visible beside one of 7,000, where a linear scale washed it
 # to white. A single event is already a colour of its own, not a shade of white.
@@ -68,6 +69,8 @@ HEATMAP_COLOURSCALE = [[0, "#bfdbfe"], [0.35, "#60a5fa"], [0.65, "#2563eb"], [1,
 # more with the y range (static/js/timeline.js), so that labels never print over each other.
 LANES_PER_PAGE = 40
 LANE_PX = 18
+FRAME_PX = 150  # of a figure's height, what is not lanes: margins, time axis, legend
+MIN_HEIGHT = 260
 # The shortest bar is this share of the window (about 2 px of a 1,000 px plot): a 1 ms request
 # in a 30 min window would otherwise be narrower than a pixel and not drawn at all. The hover
 # text gives the true duration.
@@ -236,7 +239,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
 
     ``detections``: event id → ``(rule, priority, severity)`` of the Falco rules that matched
     it, the most severe first (``detections.marks``). Each drawn event among them gets a star
-    at its start, ``DETECTION_LIFT`` above its bar, in one marker trace per severity of its
+    at its start, ``DETECTION_LIFT_PX`` above its bar, in one marker trace per severity of its
     first rule (``DETECTIONS``), drawn last; its hover text names the rules and priorities.
     ``meta["detected"]``: how many drawn events are marked."""
     if group not in GROUPS:
@@ -309,9 +312,12 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         lives, markers = _lifecycle_traces(changes, change_lanes, lanes, left, right, shortest,
                                            strings)
         data = [*lives, *data, *markers]  # lifespans beneath the requests, markers over them
-    if detected:
-        data += _detection_traces(detected, detections, strings)
     names = list(lanes)
+    if detected:
+        # the lift in lanes: a lane is LANE_PX high, or more when a few lanes fill MIN_HEIGHT
+        shown = min(len(names), LANES_PER_PAGE)
+        lift = DETECTION_LIFT_PX * shown / (_height(shown) - FRAME_PX)
+        data += _detection_traces(detected, detections, strings, lift)
     layout = _layout(names, yaxis={"tickmode": "array", "tickvals": list(range(len(names))),
                                    "ticktext": [short_label(name) for name in names]})
     layout["hovermode"] = "closest"
@@ -418,29 +424,30 @@ def _lifecycle_traces(changes: list[Bar], change_lanes: list[str], lanes: dict[s
 
 def _detection_traces(detected: list[tuple[Bar, int, int, int, int]],
                       detections: Mapping[int, Sequence[tuple[str, str, str]]],
-                      strings: dict[str, int]) -> list[dict]:
+                      strings: dict[str, int], lift: float) -> list[dict]:
     """One star marker trace per severity (``DETECTIONS``' order) of the detected bars
-    (``(bar, lane, what, thing, who)``, the last three label numbers of the bar's text). A
-    star's label parts are ``[rules, what, thing, who]``: ``rules`` the rules that matched,
-    each with its priority, as one string (``hover_texts``)."""
+    (``(bar, lane, what, thing, who)``, the last three label numbers of the bar's text), each
+    ``lift`` lanes above its bar. A star's label parts are ``[rules, what, thing, who]``:
+    ``rules`` the rules that matched, each with its priority, as one string
+    (``hover_texts``)."""
     traces: dict[str, dict] = {}
     for bar, lane, what, thing, who in detected:
         matched = detections[bar[0]]
         severity = matched[0][2] if matched[0][2] in DETECTIONS else "info"
         trace = traces.get(severity)
         if trace is None:
-            name, hue = DETECTIONS[severity]
+            name, hue, outline = DETECTIONS[severity]
             trace = traces[severity] = {
                 "type": "scattergl", "mode": "markers", "name": name,
                 "legendgroup": "detected", "x": [], "y": [], "customdata": [],
                 "labels": {"form": "detection", "parts": []}, "hoverinfo": "text",
                 "marker": {"symbol": "star", "color": hue, "size": 13,
-                           "line": {"color": DETECTION_OUTLINE, "width": 1}},
+                           "line": {"color": outline, "width": 1}},
             }
         rules = ", ".join(f"{rule} ({priority})" if priority else rule
                           for rule, priority, _ in matched)
         trace["x"].append(bar[2] / 1000)
-        trace["y"].append(lane - DETECTION_LIFT)
+        trace["y"].append(lane - lift)
         trace["labels"]["parts"] += (_string(strings, rules), what, thing, who)
         trace["customdata"].append(bar[0])
     return [traces[severity] for severity in DETECTIONS if severity in traces]
@@ -630,7 +637,7 @@ def _clock(second: int) -> str:
 def _height(lanes: int) -> int:
     """The figure's height for ``lanes`` lanes shown: ``LANE_PX`` each, plus the room of the
     top margin (markers), the time axis, its title and the legend."""
-    return max(260, 150 + LANE_PX * lanes)
+    return max(MIN_HEIGHT, FRAME_PX + LANE_PX * lanes)
 
 
 def _range(first: datetime | None, last: datetime | None) -> list[str] | None:

@@ -8,9 +8,10 @@ import orjson
 import pytest
 
 from timelines.figures import (
-    DETECTION_LIFT,
+    DETECTION_LIFT_PX,
     DETECTIONS,
     EDGE_SHARE,
+    FRAME_PX,
     LANES_PER_PAGE,
     MIN_BAR_SHARE,
     Bar,
@@ -288,10 +289,12 @@ def test_a_detected_request_gets_a_star_over_its_start_naming_its_rules_and_prio
     assert info["customdata"] == [2] and warning["customdata"] == [3]
     assert info["marker"]["symbol"] == warning["marker"]["symbol"] == "star"
     assert info["marker"]["color"] != warning["marker"]["color"]
-    # at the request's start, just above its bar, on its lane (api's: the second)
+    # at the request's start, a few pixels above its bar, in its lane (api's: the second)
     bar = _trace(figure, "delete")
     assert warning["x"] == [bar["x"][0]] == [_ms(3)]
-    assert warning["y"] == [bar["y"][0] - DETECTION_LIFT] == [1 - DETECTION_LIFT]
+    lane_px = (figure["layout"]["height"] - FRAME_PX) / 3  # three lanes fill the least height
+    assert bar["y"][0] == 1 and 0 < (1 - warning["y"][0]) * lane_px == pytest.approx(
+        DETECTION_LIFT_PX)
     texts = {t["name"]: text for t, text in zip(figure["data"], hover_texts(figure),
                                                  strict=True)}
     assert texts[DETECTIONS["warning"][0]] == [
@@ -301,6 +304,14 @@ def test_a_detected_request_gets_a_star_over_its_start_naming_its_rules_and_prio
         "⚑ Attach/Exec Pod (NOTICE): get 200 deployments/shop/api by mallory at "
         "10:00:02.000000"]
     assert figure["meta"]["detected"] == 2
+
+
+def test_a_star_is_as_high_above_its_bar_with_many_lanes_as_with_few():
+    spans = [_span(n, start=n, name=f"web-{n}") for n in range(60)]
+    figure = build_gantt_figure(spans, detections={0: [("Attach/Exec Pod", "NOTICE", "info")]})
+    star = _trace(figure, DETECTIONS["info"][0])
+    lane_px = (figure["layout"]["height"] - FRAME_PX) / LANES_PER_PAGE  # 40 lanes shown
+    assert (0 - star["y"][0]) * lane_px == pytest.approx(DETECTION_LIFT_PX)
 
 
 def test_without_detections_the_gantt_has_no_stars():

@@ -24,17 +24,20 @@ _KEPT = 32  # sets of rules files remembered (teams with rules of their own, eac
 # instance's): the oldest is forgotten beyond
 
 
-def detected(incident_ids: Iterable[int] | QuerySet, event_ids: Iterable[int],
+def detected(incident_ids: Iterable[int] | QuerySet, event_ids: Sequence[int],
              ) -> dict[int, list[str]]:
     """The rules that matched each of ``event_ids`` (events of ``incident_ids``: ids, or a
     queryset of them, which becomes a subquery), by event id, sorted; events no rule matched are
-    left out. One query, none without events."""
-    wanted = set(event_ids)
-    if not wanted:
+    left out. One query (the matches from the least id to the greatest), none without events;
+    the ids are only looked at again when some match came back."""
+    if not event_ids:
         return {}
-    matches = DetectionEvent.objects.filter(
-        incident_id__in=incident_ids, event_id__gte=min(wanted),
-        event_id__lte=max(wanted)).values_list("event_id", "rule")
+    matches = list(DetectionEvent.objects.filter(
+        incident_id__in=incident_ids, event_id__gte=min(event_ids),
+        event_id__lte=max(event_ids)).values_list("event_id", "rule"))
+    if not matches:
+        return {}
+    wanted = set(event_ids)
     found: dict[int, set[str]] = {}
     for event_id, rule in matches:
         if event_id in wanted:
@@ -61,10 +64,9 @@ def detection_marks(incident_ids: Iterable[int] | QuerySet, team_id: int | None,
                     bars: Iterable[Sequence]) -> dict[int, list[tuple[str, str, str]]]:
     """``build_gantt_figure``'s ``detections`` for ``bars`` (``figures.Bar``s, or rows of
     their fields) of ``incident_ids``: event id → ``(rule, priority, severity)`` of each rule
-    that matched it, the most severe first (then by name). Only requests are looked up (rules
-    match nothing else). A rule the team's rules no longer hold keeps its name, with an empty
-    priority and severity ``info``."""
-    found = detected(incident_ids, (bar[0] for bar in bars if bar[1] == "audit"))
+    that matched it, the most severe first (then by name). A rule the team's rules no longer
+    hold keeps its name, with an empty priority and severity ``info``."""
+    found = detected(incident_ids, [bar[0] for bar in bars])
     if not found:
         return {}
     priorities = rule_priorities(team_id)

@@ -3,25 +3,19 @@ matched each drawn event, for ``figures.build_gantt_figure``'s ``detections``.
 
 One query over the stored matches (``DetectionEvent``) of the figure's events, by the leading
 columns of their index; nothing more when none of them was detected, which is most figures.
-The priorities come from the rules the incident's team loads, compiled once per process and
-set of rules files (loading them takes about 50 ms), and only when some drawn event was
-detected.
+The priorities come from the rules the team's incidents are evaluated with, and only when some
+drawn event was detected (``rules.load`` keeps a rule set once read, so that is one small query
+of the added rules files).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from . import rules
-from .models import DetectionEvent, RulesFile
-
-# rules files added (their ids, in order) → rule name → priority; a rules file is only ever
-# added, never edited, so its id names its text
-_PRIORITIES: dict[tuple[int, ...], dict[str, str]] = {}
-_KEPT = 32  # sets of rules files remembered (teams with rules of their own, each with the
-# instance's): the oldest is forgotten beyond
+from .models import DetectionEvent
 
 
 def detected(incident_ids: Iterable[int] | QuerySet, event_ids: Sequence[int],
@@ -48,16 +42,9 @@ def detected(incident_ids: Iterable[int] | QuerySet, event_ids: Sequence[int],
 def rule_priorities(team_id: int | None) -> dict[str, str]:
     """Each rule's priority (``WARNING``, …) in the rules a team's incidents are evaluated with
     (``incident.ruleset_of_team``): the shipped rules, then the instance's and the team's."""
-    added = RulesFile.objects.filter(Q(team__isnull=True) | Q(team_id=team_id)).order_by("id")
-    key = tuple(added.values_list("id", flat=True))
-    priorities = _PRIORITIES.get(key)
-    if priorities is None:
-        ruleset = rules.load(rules.default_files() + [(f.name, f.text) for f in added])
-        priorities = {rule.name: rule.priority for rule in ruleset.rules}
-        while len(_PRIORITIES) >= _KEPT:
-            del _PRIORITIES[next(iter(_PRIORITIES))]
-        _PRIORITIES[key] = priorities
-    return priorities
+    from .incident import ruleset_of_team  # it imports the analyses, which import the figure's
+
+    return {rule.name: rule.priority for rule in ruleset_of_team(team_id).rules}
 
 
 def detection_marks(incident_ids: Iterable[int] | QuerySet, team_id: int | None,

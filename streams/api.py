@@ -22,6 +22,7 @@ from hindsight.schema import event_filter_parameters
 from incidents.serializers import absolute
 from timelines import aggregate
 from timelines.api import EventCursorPagination, figure_options
+from timelines.detections.marks import detection_marks
 from timelines.figures import COLOURS, MAX_SPANS, build_gantt_figure
 from timelines.filters import EventFilterSet
 from timelines.lanes import GROUPS
@@ -276,7 +277,8 @@ TAIL_MINUTES = 5
 def stream_figure(request, stream_pk: int):
     """The live view's timeline: the incident page's Gantt (``timelines.figures``) of the
     stream's filtered events, from ``since`` (default: ``minutes`` before the newest matching
-    event) to ``until``; at most ``MAX_SPANS`` events, the newest."""
+    event) to ``until``; at most ``MAX_SPANS`` events, the newest. Requests a Falco rule matched
+    (``streams.detect``, as their batches arrive) are starred as on the incident's."""
     stream = get_visible_stream(request.user, stream_pk)
     group, colour = figure_options(request.query_params)
     try:
@@ -295,7 +297,9 @@ def stream_figure(request, stream_pk: int):
             since = newest - timedelta(minutes=minutes)
             queryset = queryset.filter(received__gte=since)
     newest_first = queryset.order_by("-received", "-id")[:MAX_SPANS]
-    bars = aggregate.span_rows(newest_first, SPAN_FIELDS)
+    bars = list(aggregate.span_rows(newest_first, SPAN_FIELDS))
+    marks = detection_marks(stream.segments.values("incident_id"), stream.team_id, bars)
     return HttpResponse(orjson.dumps(build_gantt_figure(bars, group=group, colour=colour,
-                                                        window_start=since, window_end=until)),
+                                                        window_start=since, window_end=until,
+                                                        detections=marks)),
                         content_type="application/json")

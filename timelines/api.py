@@ -215,8 +215,9 @@ def incident_figure(request, incident_pk: int):
 
     ``meta``: ``mode`` (gantt or heatmap), ``spans`` (events drawn or counted), ``lanes``
     (distinct lanes), ``total`` (events matching, always exact: nothing is truncated), ``range``
-    ([first, last] ``received`` of the matching events, ISO 8601, or null); for a heatmap also
-    ``lanes_shown`` (rows, the most active lanes plus one "(other lanes)" row if any),
+    ([first, last] ``received`` of the matching events, ISO 8601, or null); for a Gantt also
+    ``detected`` (drawn requests a Falco rule matched, each starred: ``detections.marks``); for
+    a heatmap ``lanes_shown`` (rows, the most active lanes plus one "(other lanes)" row if any),
     ``other_lanes`` (lanes summed into that row), ``bins`` and ``bin_ms``.
 
     Heatmaps are counted from the incident's column index (or the database), cached under the

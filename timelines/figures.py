@@ -6,6 +6,8 @@ coloured by verb or outcome. Bars are WebGL line segments (``scattergl``): SVG s
 of seconds for 100k spans, WebGL a few.
 Spans that never ended are drawn to the window's end, dotted. On object lanes each object's
 lifespan (create to delete) runs beneath its requests, with a marker per successful mutation.
+Requests a Falco rule matched (``timelines.detections``) get a star over their start, coloured
+by the severity of the most severe rule.
 It draws ``Bar``s (times in integer microseconds; ``Span``s are turned into bars) and keeps its
 JSON small (x as epoch milliseconds; hover texts as numbers into a table of strings, which the
 page joins): 20,000 bars in well under 200 ms.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -47,6 +49,18 @@ MUTATIONS = {
     "delete": ("deleted", "x", "#b91c1c"),
 }
 LIFESPAN_COLOUR = "rgba(100, 116, 139, 0.35)"
+# (legend name, colour, outline) of the star on a detected request, by the severity of its most
+# severe rule. The outline, a dark shade of the colour, keeps a star apart from the bar beneath
+# it whatever the bar's colour (a critical star on a red delete bar); stars crowded together
+# stay of their colour, where a black outline made a black blot of them.
+DETECTIONS = {
+    "critical": ("detected: critical", "#dc2626", "#7f1d1d"),
+    "warning": ("detected: warning", "#f97316", "#9a3412"),
+    "info": ("detected: info", "#facc15", "#a16207"),
+}
+# A star sits about this many pixels above its bar's middle, still in its lane: on it, it would
+# hide the mutation marker at the end of a short request.
+DETECTION_LIFT_PX = 6
 # Light to dark blue over the decimal logarithm of a cell's count (an empty cell is not drawn):
 # a lane of 5 events per cell stays visible beside one of 7,000, where a linear scale washed it
 # to white. A single event is already a colour of its own, not a shade of white.
@@ -55,6 +69,8 @@ HEATMAP_COLOURSCALE = [[0, "#bfdbfe"], [0.35, "#60a5fa"], [0.65, "#2563eb"], [1,
 # more with the y range (static/js/timeline.js), so that labels never print over each other.
 LANES_PER_PAGE = 40
 LANE_PX = 18
+FRAME_PX = 150  # of a figure's height, what is not lanes: margins, time axis, legend
+MIN_HEIGHT = 260
 # The shortest bar is this share of the window (about 2 px of a 1,000 px plot): a 1 ms request
 # in a 30 min window would otherwise be narrower than a pixel and not drawn at all. The hover
 # text gives the true duration.
@@ -201,7 +217,9 @@ def _min_bar(window_start: int | None, window_end: int | None) -> int:
 
 def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
                        colour: str = "verb", window_start: datetime | None = None,
-                       window_end: datetime | None = None) -> dict:
+                       window_end: datetime | None = None,
+                       detections: Mapping[int, Sequence[tuple[str, str, str]]] | None = None,
+                       ) -> dict:
     """A Plotly figure dict: one WebGL line trace per colour (open spans in their own, dotted),
     lanes on the y axis in order of first appearance, time on the x axis from ``window_start``
     (default: the first start) to ``window_end`` (default: the last end). Bars are at least
@@ -214,10 +232,16 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
     string took twice the room and most of the time), and each bar, a segment of three points
     (start, end, gap), has no hover text but four label parts (what, object, user: numbers into
     the figure's ``labels``, a table of strings; its duration in microseconds, -1 if open),
-    which the page joins into the text (static/js/timeline.js; ``hover_texts`` here): making
+    which the page joins into the text (static/js/hover.js; ``hover_texts`` here): making
     20,000 texts took a third of the figure's time, and sending them half its bytes.
     ``customdata`` of every bar point and marker is the event id. ``spans``: Spans (datetimes)
-    or Bars (microseconds), which are quicker."""
+    or Bars (microseconds), which are quicker.
+
+    ``detections``: event id → ``(rule, priority, severity)`` of the Falco rules that matched
+    it, the most severe first (``detections.marks``). Each drawn event among them gets a star
+    at its start, ``DETECTION_LIFT_PX`` above its bar, in one marker trace per severity of its
+    first rule (``DETECTIONS``), drawn last; its hover text names the rules and priorities.
+    ``meta["detected"]``: how many drawn events are marked."""
     if group not in GROUPS:
         raise ValueError(f"group must be one of {tuple(GROUPS)}, not {group!r}")
     if colour not in COLOURS:
@@ -244,6 +268,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
     whats: dict[tuple, int] = {}
     things: dict[tuple, int] = {}
     users: dict[str, int] = {}
+    detected = []  # (bar, lane, what, thing, who) of the bars a rule matched
     for bar in bars:
         (pk, kind, start, end, verb, code, resource, namespace, name, user, agent, source,
          reason, subresource) = bar
@@ -271,6 +296,8 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         who = users.get(user)
         if who is None:
             who = users[user] = _string(strings, user)
+        if detections and pk in detections:
+            detected.append((bar, lane, what, thing, who))
         xs, ys, parts, ids = column
         stop = right if end is None else end
         if stop - start < shortest:
@@ -286,6 +313,11 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
                                            strings)
         data = [*lives, *data, *markers]  # lifespans beneath the requests, markers over them
     names = list(lanes)
+    if detected:
+        # the lift in lanes: a lane is LANE_PX high, or more when a few lanes fill MIN_HEIGHT
+        shown = min(len(names), LANES_PER_PAGE)
+        lift = DETECTION_LIFT_PX * shown / (_height(shown) - FRAME_PX)
+        data += _detection_traces(detected, detections, strings, lift)
     layout = _layout(names, yaxis={"tickmode": "array", "tickvals": list(range(len(names))),
                                    "ticktext": [short_label(name) for name in names]})
     layout["hovermode"] = "closest"
@@ -302,7 +334,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         "labels": list(strings),
         "lanes": names,
         "meta": {"mode": "gantt", "spans": len(bars), "lanes": len(names), "total": len(bars),
-                 "lanes_per_page": LANES_PER_PAGE,
+                 "lanes_per_page": LANES_PER_PAGE, "detected": len(detected),
                  "range": None if first is None else _range(moment(first), moment(last))},
     }
 
@@ -388,6 +420,37 @@ def _lifecycle_traces(changes: list[Bar], change_lanes: list[str], lanes: dict[s
                  "y": bars_y, "text": bars_text, "hoverinfo": "text", "connectgaps": False,
                  "line": {"color": LIFESPAN_COLOUR, "width": 3}}
     return ([lifespans] if bars_x else []), [markers[v] for v in MUTATIONS if v in markers]
+
+
+def _detection_traces(detected: list[tuple[Bar, int, int, int, int]],
+                      detections: Mapping[int, Sequence[tuple[str, str, str]]],
+                      strings: dict[str, int], lift: float) -> list[dict]:
+    """One star marker trace per severity (``DETECTIONS``' order) of the detected bars
+    (``(bar, lane, what, thing, who)``, the last three label numbers of the bar's text), each
+    ``lift`` lanes above its bar. A star's label parts are ``[rules, what, thing, who]``:
+    ``rules`` the rules that matched, each with its priority, as one string
+    (``hover_texts``)."""
+    traces: dict[str, dict] = {}
+    for bar, lane, what, thing, who in detected:
+        matched = detections[bar[0]]
+        severity = matched[0][2] if matched[0][2] in DETECTIONS else "info"
+        trace = traces.get(severity)
+        if trace is None:
+            name, hue, outline = DETECTIONS[severity]
+            trace = traces[severity] = {
+                "type": "scattergl", "mode": "markers", "name": name,
+                "legendgroup": "detected", "x": [], "y": [], "customdata": [],
+                "labels": {"form": "detection", "parts": []}, "hoverinfo": "text",
+                "marker": {"symbol": "star", "color": hue, "size": 13,
+                           "line": {"color": outline, "width": 1}},
+            }
+        rules = ", ".join(f"{rule} ({priority})" if priority else rule
+                          for rule, priority, _ in matched)
+        trace["x"].append(bar[2] / 1000)
+        trace["y"].append(lane - lift)
+        trace["labels"]["parts"] += (_string(strings, rules), what, thing, who)
+        trace["customdata"].append(bar[0])
+    return [traces[severity] for severity in DETECTIONS if severity in traces]
 
 
 # --- heatmap -------------------------------------------------------------------------------------
@@ -513,12 +576,14 @@ def _string(strings: dict[str, int], text: str) -> int:
 
 def hover_texts(figure: dict) -> list[list[str | None]]:
     """Each trace's hover texts, one per point, as the page makes them from the figure's
-    ``labels`` (static/js/timeline.js ``hoverTexts``; a browser test compares the two):
+    ``labels`` (static/js/hover.js ``hoverTexts``; a browser test compares the two):
 
     - a bar (three points: start, end, gap) from its parts ``[what, object, user, took]``:
       ``"HH:MM:SS.ffffff kind what object user (took)"``, took in milliseconds to the
       microsecond, or ``open``; on both its ends;
     - a mutation marker from ``[what, user]``: ``"what by user at HH:MM:SS.ffffff"``;
+    - a detection's star from ``[rules, what, object, user]``:
+      ``"⚑ rules: what object by user at HH:MM:SS.ffffff"``;
     - a trace without labels (lifespans) keeps its ``text``, each bar's on both its ends."""
     strings = figure.get("labels", [])
     texts = []
@@ -542,6 +607,11 @@ def hover_texts(figure: dict) -> list[list[str | None]]:
                 text[bar * 3] = text[bar * 3 + 1] = (
                     f"{clock_time(start)} {labels['kind']} {strings[what]} {strings[thing]} "
                     f"{strings[user]} ({took_text})")
+        elif labels["form"] == "detection":
+            for point in range(len(x)):
+                rules, what, thing, user = parts[point * 4:point * 4 + 4]
+                text[point] = (f"⚑ {strings[rules]}: {strings[what]} {strings[thing]} by "
+                               f"{strings[user]} at {clock_time(round(x[point] * 1000))}")
         else:
             for point in range(len(x)):
                 what, user = parts[point * 2:point * 2 + 2]
@@ -567,7 +637,7 @@ def _clock(second: int) -> str:
 def _height(lanes: int) -> int:
     """The figure's height for ``lanes`` lanes shown: ``LANE_PX`` each, plus the room of the
     top margin (markers), the time axis, its title and the legend."""
-    return max(260, 150 + LANE_PX * lanes)
+    return max(MIN_HEIGHT, FRAME_PX + LANE_PX * lanes)
 
 
 def _range(first: datetime | None, last: datetime | None) -> list[str] | None:

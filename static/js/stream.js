@@ -61,40 +61,9 @@ body.addEventListener("click", (click) => {
 });
 
 // The incident page's Gantt of the last minutes (GET /api/v1/streams/{id}/figure/), redrawn
-// every two seconds while following. Hover texts come as numbers into figure.labels, joined
-// as static/js/timeline.js joins them (bars only: the tail has no lifespans to label).
+// every two seconds while following, detected requests starred. Hover texts come as numbers
+// into figure.labels, joined by hover.js as on the incident page.
 const figureBox = document.getElementById("stream-figure");
-
-function clock(ms) {
-  const micros = ((Math.round(ms * 1000) % 86400e6) + 86400e6) % 86400e6;
-  const pad = (n, width) => String(Math.floor(n)).padStart(width, "0");
-  return pad(micros / 3600e6, 2) + ":" + pad(micros / 60e6 % 60, 2) + ":" +
-    pad(micros / 1e6 % 60, 2) + "." + pad(micros % 1e6, 6);
-}
-
-function hoverTexts(figure) {
-  const strings = figure.labels || [];
-  for (const trace of figure.data || []) {
-    const {labels, x} = trace;
-    delete trace.labels;
-    if (!labels) continue;
-    const parts = labels.parts;
-    const text = new Array(x.length).fill(null);
-    if (labels.form === "bar") {
-      for (let p = 0, i = 0; p < parts.length; p += 4, i += 3) {
-        const took = parts[p + 3] < 0 ? "open" : (parts[p + 3] / 1000).toFixed(3) + " ms";
-        text[i] = text[i + 1] = clock(x[i]) + " " + labels.kind + " " + strings[parts[p]] +
-          " " + strings[parts[p + 1]] + " " + strings[parts[p + 2]] + " (" + took + ")";
-      }
-    } else {
-      for (let i = 0; i < x.length; i++) {
-        text[i] = strings[parts[2 * i]] + " by " + strings[parts[2 * i + 1]] + " at " +
-          clock(x[i]);
-      }
-    }
-    trace.text = text;
-  }
-}
 
 // Selecting a window on the timeline (a zoom on its time axis) stops following, so that the
 // drawing stays, and takes the window as the one to cut.
@@ -125,7 +94,7 @@ async function drawFigure() {
       const answer = await fetch(figureBox.dataset.url, {credentials: "same-origin"});
       if (answer.ok) {
         const figure = await answer.json();
-        hoverTexts(figure);
+        window.HindsightHover.hoverTexts(figure);
         await window.Plotly.react(figureBox, figure.data, figure.layout, {responsive: true});
         if (!listening) {
           figureBox.on("plotly_relayout", onRelayout);

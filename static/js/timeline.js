@@ -10,6 +10,7 @@
 (function () {
   "use strict";
   const {el, getJSON, shortTime} = window.Hindsight;
+  const {hoverTexts} = window.HindsightHover;  // hover.js: texts from the figure's labels
   const Detail = window.HindsightDetail;
   // plotly.js loads async: compiling it (the 1.5 MB bundle of scripts/assets.sh) takes a few
   // hundred milliseconds, during which the first figure is already being fetched
@@ -112,48 +113,6 @@
       }
     }
     return null;
-  }
-
-  // Hover texts come as numbers into the figure's table of strings (figure.labels), to keep
-  // the answer small; joined here as timelines/figures.py hover_texts says (a browser test
-  // compares the two). A bar is a segment of three points (start, end, gap): its text goes on
-  // both ends (a short bar is two pixels wide, and the pointer is as often nearer its end).
-  function clock(ms) {
-    const micros = ((Math.round(ms * 1000) % 86400e6) + 86400e6) % 86400e6;
-    const pad = (n, width) => String(Math.floor(n)).padStart(width, "0");
-    return pad(micros / 3600e6, 2) + ":" + pad(micros / 60e6 % 60, 2) + ":" +
-      pad(micros / 1e6 % 60, 2) + "." + pad(micros % 1e6, 6);
-  }
-
-  function hoverTexts(figure) {
-    const strings = figure.labels || [];
-    for (const trace of figure.data || []) {
-      const {labels, x, y} = trace;
-      delete trace.labels;  // not plotly's
-      if (!labels) {  // texts of their own (lifespans): each bar's on its end too
-        const text = trace.text;
-        if (trace.mode !== "lines" || !Array.isArray(text) || !Array.isArray(y)) continue;
-        for (let i = 1; i < text.length; i++) {
-          if (text[i] === null && y[i] !== null && y[i - 1] !== null) text[i] = text[i - 1];
-        }
-        continue;
-      }
-      const parts = labels.parts;
-      const text = new Array(x.length).fill(null);
-      if (labels.form === "bar") {
-        for (let p = 0, i = 0; p < parts.length; p += 4, i += 3) {
-          const took = parts[p + 3] < 0 ? "open" : (parts[p + 3] / 1000).toFixed(3) + " ms";
-          text[i] = text[i + 1] = clock(x[i]) + " " + labels.kind + " " + strings[parts[p]] +
-            " " + strings[parts[p + 1]] + " " + strings[parts[p + 2]] + " (" + took + ")";
-        }
-      } else {
-        for (let i = 0; i < x.length; i++) {
-          text[i] = strings[parts[2 * i]] + " by " + strings[parts[2 * i + 1]] + " at " +
-            clock(x[i]);
-        }
-      }
-      trace.text = text;
-    }
   }
 
   function highlightShapes(data) {
@@ -264,7 +223,8 @@
     status.textContent = meta.mode === "heatmap"
       ? meta.total + " events: counts per lane and time (drag a narrower window or filter to " +
         "see each one)"
-      : meta.spans + " events on " + meta.lanes + " lanes";
+      : meta.spans + " events on " + meta.lanes + " lanes" +
+        (meta.detected ? " · " + meta.detected + " detected (★)" : "");
     const windowed = since || until;
     const shown = meta.total === undefined ? meta.spans : meta.total;
     $("window-status").textContent = (windowed

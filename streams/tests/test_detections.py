@@ -165,3 +165,42 @@ def test_batches_stored_while_an_evaluation_runs_are_evaluated_together(settings
     assert len(rounds) == 2
     assert [a for _, a in rounds[1]["1"]] == list("bcde")
     assert [a for _, a in rounds[1]["2"]] == list("bcde")
+
+
+@pytest.mark.django_db
+def test_the_stream_figure_stars_the_requests_its_rules_matched(
+        stream_of, post_batch, team, fixtures_dir, superuser, client):
+    from timelines.detections import rules
+    from timelines.figures import hover_texts
+
+    stream, token = stream_of()
+    paths, lines = day_traces(fixtures_dir)
+    assert post_batch(stream.pk, event_list(lines), token).status_code == 200
+    slots = store.incident_ids(stream)
+    client.force_login(superuser)
+    window = {"since": "2018-10-26T00:00:00Z"}  # every event of the day, not the last minutes
+
+    def stars(**query) -> dict[int, str]:
+        figure = client.get(f"/api/v1/streams/{stream.pk}/figure/", {**window, **query}).json()
+        assert figure["meta"]["mode"] == "gantt" and figure["meta"]["spans"] > 0
+        return {event_id: text
+                for trace, texts in zip(figure["data"], hover_texts(figure), strict=True)
+                if trace.get("legendgroup") == "detected"
+                for event_id, text in zip(trace["customdata"], texts, strict=True)}
+
+    assert stars() == {}  # no worker here: nothing detected yet
+    detect_batch({slot: [(r.isoformat(), a) for r, a in store.events(stream).filter(
+        incident_id=slot).values_list("received", "audit_id")] for slot in slots})
+    matched = defaultdict(set)
+    for event_id, rule in DetectionEvent.objects.filter(incident_id__in=slots).values_list(
+            "event_id", "rule"):
+        matched[event_id].add(rule)
+    assert matched
+    priority = {r.name: r.priority for r in rules.load(rules.default_files()).rules}
+    starred = stars()
+    assert set(starred) == set(matched)
+    for event_id, text in starred.items():
+        assert all(f"{rule} ({priority[rule]})" in text for rule in matched[event_id])
+    rule = "Attach/Exec Pod"
+    chosen = {e for e, names in matched.items() if rule in names}
+    assert chosen and set(stars(detection=rule)) == chosen

@@ -431,3 +431,66 @@ def test_the_plotly_bundle_is_served_once_built(settings):
         assert finders.find(settings.PLOTLY_JS) == str(bundle)
     else:
         assert settings.PLOTLY_JS == "plotly/plotly.min.js"
+
+
+# --- detections ----------------------------------------------------------------------------------
+
+def _stars(figure) -> dict[int, tuple[dict, str]]:
+    """The figure's detection stars: event id → (its trace, its hover text)."""
+    stars = {}
+    for trace, texts in zip(figure["data"], hover_texts(figure), strict=True):
+        if trace.get("legendgroup") == "detected":
+            for event_id, text in zip(trace["customdata"], texts, strict=True):
+                assert event_id not in stars  # one star per event
+                stars[event_id] = (trace, text)
+    return stars
+
+
+def test_detected_requests_are_starred_with_their_rules_and_honour_the_filters(
+        client_of, owner, incident, falco):
+    from collections import defaultdict
+
+    from timelines.detections import rules
+    from timelines.detections.incident import evaluate, ruleset_for, store_matches
+    from timelines.detections.models import DetectionEvent
+
+    client = client_of(owner)
+    # the analyses after the ingest stored the matches already: none, no stars
+    DetectionEvent.objects.filter(incident_id=incident.pk).delete()
+    before = _figure(client, incident)
+    assert before["meta"]["mode"] == "gantt" and before["meta"]["spans"] == len(falco)
+    assert _stars(before) == {} and before["meta"]["detected"] == 0
+
+    store_matches(incident.pk, evaluate(incident.pk, ruleset_for(incident.pk)))
+    matched = defaultdict(set)
+    for event_id, rule in DetectionEvent.objects.filter(incident_id=incident.pk).values_list(
+            "event_id", "rule"):
+        matched[event_id].add(rule)
+    assert 1 < len(matched) < len(falco)
+    priority = {r.name: r.priority for r in rules.load(rules.default_files()).rules}
+    figure = _figure(client, incident)
+    stars = _stars(figure)
+    assert set(stars) == set(matched) and figure["meta"]["detected"] == len(matched)
+    lane_of = {}  # each event's bar: its lane and start
+    for trace in figure["data"]:
+        if trace["mode"] == "lines" and "customdata" in trace:
+            for i in range(0, len(trace["x"]), 3):
+                lane_of[trace["customdata"][i]] = (trace["y"][i], trace["x"][i])
+    for event_id, (trace, text) in stars.items():
+        worst = min(matched[event_id], key=lambda r: rules.PRIORITIES.index(priority[r]))
+        assert trace["name"] == f"detected: {rules.severity_of(priority[worst])}"
+        for rule in matched[event_id]:
+            assert f"{rule} ({priority[rule]})" in text
+        lane, start = lane_of[event_id]
+        i = trace["customdata"].index(event_id)
+        assert trace["x"][i] == start and lane - 0.5 < trace["y"][i] < lane
+    # the filters choose the events, and with them the stars
+    pods = {r["id"] for r in falco if r["resource"] == "pods"}
+    starred = _figure(client, incident, resource="pods")
+    assert starred["meta"]["spans"] == len(pods)
+    assert set(_stars(starred)) == set(matched) & pods not in (pods, set())  # one pod is not
+    rule = "Create/Modify Configmap With Private Credentials"
+    chosen = {e for e, names in matched.items() if rule in names}
+    assert chosen and set(_stars(_figure(client, incident, detection=rule))) == chosen
+    undetected = (pods - set(matched)).pop()
+    assert _stars(_figure(client, incident, id=undetected)) == {}

@@ -8,7 +8,10 @@ import orjson
 import pytest
 
 from timelines.figures import (
+    DETECTION_LIFT_PX,
+    DETECTIONS,
     EDGE_SHARE,
+    FRAME_PX,
     LANES_PER_PAGE,
     MIN_BAR_SHARE,
     Bar,
@@ -165,7 +168,7 @@ def test_unknown_grouping_is_refused():
 def test_the_meta_says_mode_spans_lanes_total_and_the_time_range():
     figure = build_gantt_figure([_span(1, start=3, end=9), _span(2, start=1, name="api")])
     assert figure["meta"] == {"mode": "gantt", "spans": 2, "lanes": 2, "total": 2,
-                              "lanes_per_page": LANES_PER_PAGE,
+                              "lanes_per_page": LANES_PER_PAGE, "detected": 0,
                               "range": [_at(1).isoformat(), _at(3).isoformat()]}
     assert build_gantt_figure([])["meta"]["range"] is None
 
@@ -262,6 +265,62 @@ def test_other_lanes_have_no_lifespans_or_markers():
     spans = [_span(1, verb="create", code=201), _span(2, start=5, end=5.5, verb="delete")]
     figure = build_gantt_figure(spans, group="actor")
     assert all(t["mode"] == "lines" and t["name"] != "lifespan" for t in figure["data"])
+
+
+def test_a_detected_request_gets_a_star_over_its_start_naming_its_rules_and_priorities():
+    spans = [_span(1, start=1, end=1.5, verb="create", code=201, user="deployer"),
+             _span(2, start=2, end=2.1, name="api", user="mallory"),
+             _span(3, start=3, end=3.2, name="api", verb="delete", user="alice"),
+             _span(4, start=4, end=4.1, name="db")]
+    detections = {  # as detections.marks gives them: the most severe first
+        2: [("Attach/Exec Pod", "NOTICE", "info")],
+        3: [("Create Privileged Pod", "WARNING", "warning"),
+            ("Attach/Exec Pod", "NOTICE", "info")],
+        99: [("K8s Secret Deleted", "INFO", "info")],  # an event not drawn: no star
+    }
+
+    figure = build_gantt_figure(spans, window_start=_at(0), window_end=_at(10),
+                                detections=detections)
+
+    stars = {t["name"]: t for t in figure["data"] if t.get("legendgroup") == "detected"}
+    assert set(stars) == {DETECTIONS["info"][0], DETECTIONS["warning"][0]}
+    assert [t.get("legendgroup") for t in figure["data"][-2:]] == ["detected"] * 2  # on top
+    info, warning = stars[DETECTIONS["info"][0]], stars[DETECTIONS["warning"][0]]
+    assert info["customdata"] == [2] and warning["customdata"] == [3]
+    assert info["marker"]["symbol"] == warning["marker"]["symbol"] == "star"
+    assert info["marker"]["color"] != warning["marker"]["color"]
+    # at the request's start, a few pixels above its bar, in its lane (api's: the second)
+    bar = _trace(figure, "delete")
+    assert warning["x"] == [bar["x"][0]] == [_ms(3)]
+    lane_px = (figure["layout"]["height"] - FRAME_PX) / 3  # three lanes fill the least height
+    assert bar["y"][0] == 1 and 0 < (1 - warning["y"][0]) * lane_px == pytest.approx(
+        DETECTION_LIFT_PX)
+    texts = {t["name"]: text for t, text in zip(figure["data"], hover_texts(figure),
+                                                 strict=True)}
+    assert texts[DETECTIONS["warning"][0]] == [
+        "⚑ Create Privileged Pod (WARNING), Attach/Exec Pod (NOTICE): delete 200 "
+        "deployments/shop/api by alice at 10:00:03.000000"]
+    assert texts[DETECTIONS["info"][0]] == [
+        "⚑ Attach/Exec Pod (NOTICE): get 200 deployments/shop/api by mallory at "
+        "10:00:02.000000"]
+    assert figure["meta"]["detected"] == 2
+
+
+def test_a_star_is_as_high_above_its_bar_with_many_lanes_as_with_few():
+    spans = [_span(n, start=n, name=f"web-{n}") for n in range(60)]
+    figure = build_gantt_figure(spans, detections={0: [("Attach/Exec Pod", "NOTICE", "info")]})
+    star = _trace(figure, DETECTIONS["info"][0])
+    lane_px = (figure["layout"]["height"] - FRAME_PX) / LANES_PER_PAGE  # 40 lanes shown
+    assert (0 - star["y"][0]) * lane_px == pytest.approx(DETECTION_LIFT_PX)
+
+
+def test_without_detections_the_gantt_has_no_stars():
+    spans = [_span(1), _span(2, start=2, end=2.5, verb="delete")]
+    for detections in (None, {}, {7: [("Attach/Exec Pod", "NOTICE", "info")]}):
+        figure = build_gantt_figure(spans, detections=detections)
+        assert all(t.get("legendgroup") != "detected" for t in figure["data"])
+        assert figure["meta"]["detected"] == 0
+    assert build_gantt_figure(spans) == build_gantt_figure(spans, detections={})
 
 
 # --- heatmap -------------------------------------------------------------------------------------

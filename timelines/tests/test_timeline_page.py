@@ -99,8 +99,8 @@ def test_the_page_loads_the_timeline_scripts_from_this_server(page, settings):
     text = page()
     scripts = re.findall(r'<script src="([^"]+)"', text)
     # deferred, so in this order: each uses what the ones before it define
-    assert [s.rsplit("/", 1)[-1] for s in scripts[-5:]] == [
-        "dom.js", "event-detail.js", "timeline.js", "overview.js", "suggest.js"]
+    assert [s.rsplit("/", 1)[-1] for s in scripts[-6:]] == [
+        "dom.js", "event-detail.js", "hover.js", "timeline.js", "overview.js", "suggest.js"]
     # plotly.js first, async: it compiles while the first figure loads
     assert scripts[0] == static(settings.PLOTLY_JS)
     assert f'<script src="{scripts[0]}" id="plotly-js" async>' in text

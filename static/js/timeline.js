@@ -115,7 +115,7 @@
   }
 
   // Hover texts come as numbers into the figure's table of strings (figure.labels), to keep
-  // the answer small; joined here as timelines/figures.py hover_texts says (a browser test
+  // the answer small; joined here as timelines/figures/build.py hover_texts says (a browser test
   // compares the two). A bar is a segment of three points (start, end, gap): its text goes on
   // both ends (a short bar is two pixels wide, and the pointer is as often nearer its end).
   function clock(ms) {

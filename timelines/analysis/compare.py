@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from ..figures import Bar, build_gantt_figure
+from ..figures.build import Bar, build_gantt_figure
 
 # Each run contributes at most this many steps, the first in time order; the answer says when
 # a run had more (``truncated``): narrow them with filters.

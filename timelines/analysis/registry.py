@@ -161,7 +161,7 @@ def _register_builtin() -> None:
     if _registered:
         return
     _registered = True
-    from ..queries import build_column_index, warm_overview
+    from ..reads.queries import build_column_index, warm_overview
     from . import insights, pods_views, statelinks
 
     after_ready("state links")(statelinks.link_state_to_requests)

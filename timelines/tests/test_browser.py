@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hindsight.testing import page_query, wait_for_detail, write_audit_log
-from timelines.figures import hover_texts
+from timelines.figures.build import hover_texts
 from timelines.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)

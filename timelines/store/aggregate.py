@@ -12,8 +12,8 @@ counts in Python over every matching row: slower, same answer (``figures.count_l
 what the PostgreSQL query is tested against).
 
 Over a million events this still takes about a second on two busy cores (bench/README.md):
-which is why large incidents get a column index (``timelines.columns``) and the figure endpoint
-caches heatmaps under ``figure_cache_key``.
+which is why large incidents get a column index (``timelines.store.columns``) and the figure
+endpoint caches heatmaps under ``figure_cache_key``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from django.db.models import BigIntegerField, Count, Func, Max, Min, Q, QuerySet
 
 from incidents.models import Upload
 
-from .figures import (
+from ..figures.build import (
     HEATMAP_BINS,
     HEATMAP_LANES,
     Bins,
@@ -38,7 +38,7 @@ from .figures import (
     fold_lanes,
     microseconds,
 )
-from .lanes import LANE_SQL
+from ..figures.lanes import LANE_SQL
 
 # Formats whose parsers yield requests only (kind audit). An incident whose uploads are all of
 # these (or bundles, or files no parser took, which hold no events) needs no event's ``kind``

@@ -78,10 +78,12 @@ def still_reading(incident_id: int) -> bool:
 
 def prepare_reads(incident_id: int) -> None:
     """What the first answer needs once every file is stored: the years of logs that had none
-    settled (``ingest.settle_years``: it moves rows) and the planner's statistics of time order.
-    Part of ``ready``, not of the analyses: cheap, and it changes answers or their speed."""
-    from ..ingest import settle_years
+    settled (``ingest.years.settle_years``: it moves rows) and the planner's statistics of time
+    order. Part of ``ready``, not of the analyses: cheap, and it changes answers or their speed.
+    It names the two modules it calls, not the package ``timelines.ingest``, which hands on the
+    pipeline that calls ``complete_incident``: neither of them imports this module back."""
     from ..ingest.store import analyze_time_order
+    from ..ingest.years import settle_years
 
     settle_years(incident_id)
     analyze_time_order()

@@ -40,7 +40,7 @@ LANE_SQL = {
 
 
 class Laned(Protocol):
-    """What names a lane: the fields of ``figures.Span`` and ``figures.Bar`` that lanes read
+    """What names a lane: the fields of ``build.Span`` and ``build.Bar`` that lanes read
     (a protocol, so that the rule of lanes does not import the figures that use it)."""
 
     kind: str

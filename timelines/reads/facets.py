@@ -56,7 +56,7 @@ CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees mem
 ERROR_CODE = 400  # an answer of this code or above is an error (4xx, 5xx)
 
 # The series of the overview's histogram: requests by outcome (as the figure's colour=outcome
-# names them, ``figures._colour``), the other evidence by kind.
+# names them, ``figures.build._colour``), the other evidence by kind.
 OUTCOMES = ("2xx", "3xx", "4xx", "5xx", "open", "other")
 KINDS = ("event", "log", "trace")
 SERIES = (*OUTCOMES, *KINDS)

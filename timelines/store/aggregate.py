@@ -8,7 +8,7 @@ thousand rows, whatever the number of events. Object and actor lanes
 read only the ``event_object`` and ``event_actor`` indexes (index-only scans) for every event with
 a resource (or a user); events without one visit the table for their ``kind``, which names their
 lane, unless the incident holds requests only (``requests_only``). SQLite, the embedded mode,
-counts in Python over every matching row: slower, same answer (``figures.count_lanes`` is also
+counts in Python over every matching row: slower, same answer (``figures.build.count_lanes`` is also
 what the PostgreSQL query is tested against).
 
 Over a million events this still takes about a second on two busy cores (bench/README.md):
@@ -61,7 +61,7 @@ class _EpochMicroseconds(Func):
 
 def span_rows(queryset: QuerySet, fields: Sequence[str]) -> Iterable[tuple]:
     """``queryset.values_list(*fields)``, but ``received`` and ``completed`` as integer
-    microseconds since the epoch (what ``figures.Bar`` holds), and quick for the Gantt's
+    microseconds since the epoch (what ``figures.build.Bar`` holds), and quick for the Gantt's
     thousands of rows. On PostgreSQL the database turns the times into integers (psycopg parses
     a timestamp's text several times slower than an integer's) and the rows come straight from
     the cursor, without the ORM's work per row: 18,000 rows in 60 ms instead of 110."""

@@ -222,7 +222,7 @@ def incident_figure(request, incident_pk: int):
     Heatmaps are counted from the incident's column index (or the database), cached under the
     incident's data version and the query, and the unfiltered ones are counted right after each
     ingest. A Gantt's hover texts are numbers into the figure's ``labels`` (see
-    ``figures.hover_texts``).
+    ``figures.build.hover_texts``).
     Answers of ``GZIP_MIN_BYTES`` or more are gzipped when the client accepts it.
     """
     incident = get_visible_incident(request.user, incident_pk)

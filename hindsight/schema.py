@@ -1,5 +1,5 @@
 """OpenAPI descriptions that drf-spectacular cannot infer: the token authentication, and the
-views of ``timelines.api`` that are functions or build their queryset from the URL, described
+views of ``timelines.web.api`` that are functions or build their queryset from the URL, described
 here so that their module stays about events. Imported by ``hindsight.urls``; an extension whose
 view is gone matches nothing."""
 
@@ -10,7 +10,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiVi
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 
-from timelines.filters import EventFilterSet, IntAnyOf
+from timelines.reads.filters import EventFilterSet, IntAnyOf
 
 
 class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
@@ -46,7 +46,7 @@ FILTERED = [INCIDENT_PK, *event_filter_parameters()]
 
 
 class IncidentEventList(OpenApiViewExtension):
-    target_class = "timelines.api.IncidentEventViewSet"
+    target_class = "timelines.web.api.IncidentEventViewSet"
 
     def view_replacement(self):
         from timelines.models import Event
@@ -62,7 +62,7 @@ class IncidentEventList(OpenApiViewExtension):
 
 
 class IncidentFigure(OpenApiViewExtension):
-    target_class = "timelines.api.incident_figure"
+    target_class = "timelines.web.api.incident_figure"
 
     def view_replacement(self):
         class Described(self.target_class):
@@ -79,7 +79,7 @@ class IncidentFigure(OpenApiViewExtension):
 
 
 class IncidentEventsCsv(OpenApiViewExtension):
-    target_class = "timelines.api.incident_events_csv"
+    target_class = "timelines.web.api.incident_events_csv"
 
     def view_replacement(self):
         class Described(self.target_class):
@@ -93,7 +93,7 @@ class IncidentEventsCsv(OpenApiViewExtension):
 
 
 class IncidentEventsJson(OpenApiViewExtension):
-    target_class = "timelines.api.incident_events_json"
+    target_class = "timelines.web.api.incident_events_json"
 
     def view_replacement(self):
         class Described(self.target_class):
@@ -107,7 +107,7 @@ class IncidentEventsJson(OpenApiViewExtension):
 
 
 class IncidentEventStep(OpenApiViewExtension):
-    target_class = "timelines.api.incident_event_step"
+    target_class = "timelines.web.api.incident_event_step"
 
     def view_replacement(self):
         class Described(self.target_class):
@@ -133,10 +133,10 @@ _VALUES = {"type": "array", "items": _VALUE}
 
 
 class IncidentFacets(OpenApiViewExtension):
-    target_class = "timelines.overview_api.incident_facets"
+    target_class = "timelines.web.overview_api.incident_facets"
 
     def view_replacement(self):
-        from timelines.facets import FACET_FIELDS  # numpy: only when the schema is made
+        from timelines.reads.facets import FACET_FIELDS  # numpy: only when the schema is made
 
         class Described(self.target_class):
             @extend_schema(
@@ -160,7 +160,7 @@ class IncidentFacets(OpenApiViewExtension):
 
 
 class IncidentOverview(OpenApiViewExtension):
-    target_class = "timelines.overview_api.incident_overview"
+    target_class = "timelines.web.overview_api.incident_overview"
 
     def view_replacement(self):
         facet = {"type": "object", "properties": {"values": _VALUES,

@@ -218,7 +218,8 @@ WHITENOISE_USE_FINDERS = True
 
 # Uploaded files wait here until a worker has ingested them; web and worker must share it.
 UPLOAD_DIR = Path(env_str("HINDSIGHT_UPLOAD_DIR", str(DATA_DIR / "uploads")))
-# Column indexes of large incidents (timelines/columns.py): web and worker processes share them.
+# Column indexes of large incidents (timelines/store/columns.py): web and worker processes
+# share them.
 COLUMNS_DIR = Path(env_str("HINDSIGHT_COLUMNS_DIR", str(DATA_DIR / "columns")))
 MAX_UPLOAD_BYTES = env_int("HINDSIGHT_MAX_UPLOAD_BYTES", 2 * 1024**3)
 # Files up to this size are read into memory; larger ones stream to a temporary file in

@@ -50,7 +50,7 @@ def write_audit_log(path: Path, start: datetime, offsets: list[timedelta], *,
     path.write_text("\n".join(lines) + "\n")
 
 
-# --- detection stars on a timeline (timelines.figures) ------------------------------------------
+# --- detection stars on a timeline (timelines.figures.build) ----------------------------------
 
 def detection_star(page, box: str, event_id: int) -> dict | None:
     """The star of a detected event on the plot in element ``box``: its trace's index and

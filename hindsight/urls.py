@@ -27,7 +27,8 @@ from timelines.analysis import (
     pods_views,
     stats_views,
 )
-from timelines.api import (
+from timelines.detections.views import rules_api
+from timelines.web.api import (
     EventViewSet,
     IncidentEventViewSet,
     incident_event_step,
@@ -35,8 +36,7 @@ from timelines.api import (
     incident_events_json,
     incident_figure,
 )
-from timelines.detections.views import rules_api
-from timelines.overview_api import incident_facets, incident_overview
+from timelines.web.overview_api import incident_facets, incident_overview
 
 router = DefaultRouter()
 router.register("incidents", IncidentViewSet, basename="incident")

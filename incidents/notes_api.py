@@ -25,8 +25,8 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from timelines.filters import RFC3339Filter, ValueListField
 from timelines.models import Event
+from timelines.reads.filters import RFC3339Filter, ValueListField
 
 from . import notes
 from .access import can_write, get_visible_incident, visible_incidents

@@ -15,11 +15,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from timelines.figures import KIND_COLOURS, OUTCOME_COLOURS
-from timelines.filters import EventFilterSet
+from timelines.figures.build import KIND_COLOURS, OUTCOME_COLOURS
+from timelines.figures.lanes import GROUPS
 from timelines.ingest import create_upload
-from timelines.lanes import GROUPS
 from timelines.models import Event
+from timelines.reads.filters import EventFilterSet
 from timelines.tasks import enqueue_ingest, requeue_lost_purges, requeue_stale_uploads
 
 from .access import (

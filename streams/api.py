@@ -20,15 +20,15 @@ from rest_framework.response import Response
 
 from hindsight.schema import event_filter_parameters
 from incidents.serializers import absolute
-from timelines import aggregate
-from timelines.api import EventCursorPagination, figure_options
 from timelines.detections.marks import detection_marks
-from timelines.figures import COLOURS, MAX_SPANS, build_gantt_figure
-from timelines.filters import EventFilterSet
-from timelines.lanes import GROUPS
+from timelines.figures.build import COLOURS, MAX_SPANS, build_gantt_figure
+from timelines.figures.lanes import GROUPS
 from timelines.models import Event
-from timelines.queries import SPAN_FIELDS
-from timelines.serializers import LIST_COLUMNS, EventSerializer, event_rows
+from timelines.reads.filters import EventFilterSet
+from timelines.reads.queries import SPAN_FIELDS
+from timelines.store import aggregate
+from timelines.web.api import EventCursorPagination, figure_options
+from timelines.web.serializers import LIST_COLUMNS, EventSerializer, event_rows
 
 from . import store
 from .access import (
@@ -275,7 +275,7 @@ TAIL_MINUTES = 5
     responses=OpenApiResponse(OpenApiTypes.OBJECT, "a Plotly figure (JSON)"), filters=False)
 @api_view(["GET"])
 def stream_figure(request, stream_pk: int):
-    """The live view's timeline: the incident page's Gantt (``timelines.figures``) of the
+    """The live view's timeline: the incident page's Gantt (``timelines.figures.build``) of the
     stream's filtered events, from ``since`` (default: ``minutes`` before the newest matching
     event) to ``until``; at most ``MAX_SPANS`` events, the newest. Requests a Falco rule matched
     (``streams.detect``, as their batches arrive) are starred as on the incident's."""

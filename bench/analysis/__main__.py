@@ -86,7 +86,7 @@ def measure(incident_id: int, runs: int, index: bool) -> list[dict]:
     from django.contrib.auth import get_user_model
     from django.core.cache import cache
     from django.test import Client
-    from timelines import columns
+    from timelines.store import columns
 
     user = get_user_model().objects.filter(username=USERNAME).first() or \
         get_user_model().objects.create_superuser(USERNAME, "bench@example.com", None)

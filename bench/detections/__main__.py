@@ -34,9 +34,9 @@ DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/hindsight_detections_
 def column_index(incident_id: int) -> float | None:
     """Build the incident's column index if it has none, as the worker does once uploads
     finish (before the insights); the seconds it took (not the detections'), or None."""
-    from timelines import columns
-    from timelines.aggregate import data_version
     from timelines.detections import incident
+    from timelines.store import columns
+    from timelines.store.aggregate import data_version
 
     if incident._index_of(incident_id) is not None:
         return None

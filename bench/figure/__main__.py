@@ -5,7 +5,7 @@ The incident is SYNTHETIC (see ``build.py``): clones of the 93 fixture requests 
 ``bench/ingest`` uses, written through the store's own COPY path into a freshly recreated
 PostgreSQL database, then ``VACUUM ANALYZE``d (as autovacuum does after a large insert). Then:
 
-0. **The column index** (``timelines/columns.py``) is built, as after an ingest, and timed
+0. **The column index** (``timelines/store/columns.py``) is built, as after an ingest, and timed
    (``--no-index``: not built, so PostgreSQL counts every cold heatmap).
 1. **Server time** of ``GET /api/v1/incidents/{id}/figure/`` through Django's test ``Client``
    signed in as a superuser, asking for gzip as a browser does, in this process, for each view
@@ -95,7 +95,7 @@ def build_incident(ingest, args) -> dict:
 
 def build_column_index(incident_id: int) -> dict:
     """Build the incident's column index as ``warm_overview`` does after an ingest (timed)."""
-    from timelines import aggregate, columns
+    from timelines.store import aggregate, columns
 
     shutil.rmtree(columns.root() / str(incident_id), ignore_errors=True)
     started = time.perf_counter()
@@ -119,7 +119,7 @@ def existing_incident(events: int) -> int:
 def views(incident_id: int) -> list[tuple[str, dict[str, str]]]:
     """The views measured; the zoom window and the users are found in the data."""
     from django.db.models import Count
-    from timelines.figures import MAX_SPANS
+    from timelines.figures.build import MAX_SPANS
     from timelines.models import Event
 
     events = Event.objects.filter(incident_id=incident_id).order_by("received", "id")
@@ -148,7 +148,7 @@ def measure_server(incident_id: int, runs: int) -> list[dict]:
     from django.contrib.auth import get_user_model
     from django.core.cache import cache
     from django.test import Client
-    from timelines import columns
+    from timelines.store import columns
 
     user = get_user_model().objects.filter(username=USERNAME).first() or \
         get_user_model().objects.create_superuser(USERNAME, "bench@example.com", None)

@@ -142,8 +142,8 @@ def database_size(database_url: str) -> dict[str, float]:
 
 def column_index(incident_id: int) -> dict[str, Any]:
     """The column index as the ingest built it (its size, the text's part of it), and the cost
-    of building it again: the text (``timelines.textblocks``) apart from the rest."""
-    from timelines import aggregate, columns
+    of building it again: the text (``timelines.store.textblocks``) apart from the rest."""
+    from timelines.store import aggregate, columns
 
     version = aggregate.data_version(incident_id)
     folder = columns.version_dir(incident_id, version)
@@ -274,7 +274,7 @@ def measure_api(incident_id: int, runs: int) -> dict[str, list[dict]]:
     from django.contrib.auth import get_user_model
     from django.core.cache import cache
     from django.test import Client
-    from timelines import columns
+    from timelines.store import columns
 
     user = get_user_model().objects.filter(username="bench").first() or \
         get_user_model().objects.create_superuser("bench", "bench@example.com", None)
@@ -329,8 +329,8 @@ def explain(incident_id: int, query: dict) -> str:
     """The plan of the events list's first page for a query (to say why a filter is slow)."""
     from django.db import connection
     from django.http import QueryDict
-    from timelines.filters import EventFilterSet
     from timelines.models import Event
+    from timelines.reads.filters import EventFilterSet
 
     params = QueryDict(mutable=True)
     for key, value in query.items():

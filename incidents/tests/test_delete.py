@@ -14,10 +14,10 @@ from django.test.utils import CaptureQueriesContext
 from incidents.models import ApiToken, Incident, Membership, Upload
 from incidents.notes import Annotation, Sequence, SequenceStep
 from incidents.sharing import IncidentGrant, ShareLink
-from timelines import aggregate, columns
 from timelines.ingest import purge_incident
 from timelines.ingest.bundle import work_dir
 from timelines.models import BodyChunk, Event, IncidentPurge
+from timelines.store import aggregate, columns
 
 pytestmark = pytest.mark.django_db
 

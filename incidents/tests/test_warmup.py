@@ -29,7 +29,7 @@ loader = engines["django"].engine.template_loaders[0]
 print(json.dumps({
     "templates": sorted(loader.get_template_cache),
     "urls_ready": get_resolver()._populated,
-    "modules": sorted(m for m in ("numpy", "timelines.api", "timelines.columns",
+    "modules": sorted(m for m in ("numpy", "timelines.web.api", "timelines.store.columns",
                                   "timelines.analysis.pods_views", "rest_framework.renderers")
                       if m in sys.modules),
 }))
@@ -56,7 +56,7 @@ def test_a_fresh_web_process_is_warm_before_its_first_request():
     assert set(TEMPLATES) <= set(warm["templates"])
     assert warm["urls_ready"]
     assert warm["modules"] == ["numpy", "rest_framework.renderers", "timelines.analysis.pods_views",
-                               "timelines.api", "timelines.columns"]
+                               "timelines.store.columns", "timelines.web.api"]
 
     cold = probe(environment(HINDSIGHT_WARM_UP="false"))  # what it was: all left to the request
     assert cold["templates"] == [] and not cold["urls_ready"]

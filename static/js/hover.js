@@ -1,7 +1,7 @@
-// The hover texts of a timeline figure (a Gantt of timelines/figures.py), shared by the pages
+// The hover texts of a timeline figure (a Gantt of timelines/figures/build.py), shared by the pages
 // that draw one: the incident page (timeline.js) and a stream's live view (stream.js).
 // Hover texts come as numbers into the figure's table of strings (figure.labels), to keep the
-// answer small; joined here as timelines/figures.py hover_texts says (a browser test compares
+// answer small; joined here as timelines/figures/build.py hover_texts says (a browser test compares
 // the two). A bar is a segment of three points (start, end, gap): its text goes on both ends (a
 // short bar is two pixels wide, and the pointer is as often nearer its end).
 (function () {

@@ -7,7 +7,7 @@
 // - the top users, verbs, resources, namespaces, response codes, Event reasons, user agents …
 //   of the current view (filters and window), those that hold values, with their counts and
 //   errors: a click on one adds it to the filters.
-// Data: /api/v1/incidents/{id}/overview/ (timelines.overview); the span's overview is the one
+// Data: /api/v1/incidents/{id}/overview/ (timelines.reads.overview); the span's overview is the one
 // timeline.js fetched for the first window (HindsightTimeline.spanOverview).
 (function () {
   "use strict";

@@ -15,7 +15,7 @@
   const table = document.getElementById("stats-table");
   const summary = document.getElementById("stats-summary");
   const BARS = 25;  // keys in the bar chart
-  // by → the events filter of the same field (timelines.filters.EventFilterSet)
+  // by → the events filter of the same field (timelines.reads.filters.EventFilterSet)
   const PARAM = {user: "user", user_agent: "user_agent", verb: "verb", resource: "resource",
                  namespace: "namespace", code: "code"};
   let rows = [];

@@ -1,7 +1,7 @@
 // Incident page: each filter box offers the incident's values with their counts under the
 // current filters (its own left out, so that another value can be added), most frequent first;
 // typing narrows them (the server matches the text anywhere in the value, in any case).
-// Data: /api/v1/incidents/{id}/facets/?field=… (timelines.facets).
+// Data: /api/v1/incidents/{id}/facets/?field=… (timelines.reads.facets).
 (function () {
   "use strict";
   const {el, getJSON} = window.Hindsight;

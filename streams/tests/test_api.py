@@ -69,7 +69,7 @@ def test_the_events_list_takes_every_events_filter(fed, api_as, teammate, demo_l
     assert client.get(f"/api/v1/streams/{fed.pk}/events/",
                       {"since": "not a time"}).status_code == 400
     # Every filter of the incident events list is taken (none answers an error).
-    from timelines.filters import EventFilterSet
+    from timelines.reads.filters import EventFilterSet
 
     odd = {"id": "1", "code": "403", "since": "2017-09-11T20:00:00Z",
            "until": "2017-09-11T20:10:00Z", "related": "pods/default/x"}

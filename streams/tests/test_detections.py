@@ -171,7 +171,7 @@ def test_batches_stored_while_an_evaluation_runs_are_evaluated_together(settings
 def test_the_stream_figure_stars_the_requests_its_rules_matched(
         stream_of, post_batch, team, fixtures_dir, superuser, client):
     from timelines.detections import rules
-    from timelines.figures import hover_texts
+    from timelines.figures.build import hover_texts
 
     stream, token = stream_of()
     paths, lines = day_traces(fixtures_dir)

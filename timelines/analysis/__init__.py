@@ -27,9 +27,9 @@ from django.http import QueryDict
 
 from incidents.models import Incident
 
-from ..filters import EventFilterSet
 from ..models import Event
-from ..queries import BadQuery
+from ..reads.filters import EventFilterSet
+from ..reads.queries import BadQuery
 
 
 def filtered(incident: Incident, params: QueryDict):

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from ..figures import Bar, build_gantt_figure
+from ..figures.build import Bar, build_gantt_figure
 
 # Each run contributes at most this many steps, the first in time order; the answer says when
 # a run had more (``truncated``): narrow them with filters.
@@ -131,9 +131,9 @@ def summarise(steps: Iterable[dict]) -> dict[str, int]:
 
 
 def build_relative_gantt(steps: Sequence[Step], anchor: int) -> dict:
-    """The Gantt of a run's steps (``figures.build_gantt_figure``: its bars, lanes and colours)
-    on an axis of milliseconds from the run's anchor instead of clock time, so that two runs'
-    Gantts share one axis. Hover texts are made here (``text`` of each trace), from the
+    """The Gantt of a run's steps (``figures.build.build_gantt_figure``: its bars, lanes and
+    colours) on an axis of milliseconds from the run's anchor instead of clock time, so that two
+    runs' Gantts share one axis. Hover texts are made here (``text`` of each trace), from the
     figure's label parts, with offsets instead of clock times."""
     bars = [Bar(s.id, "audit", s.received - anchor,
                 None if s.completed is None else s.completed - anchor, s.verb, s.code,

@@ -18,11 +18,11 @@ from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident, visible_incidents
 from incidents.models import Incident
 
-from ..aggregate import span_rows
-from ..api import _ACCEPTS_GZIP, GZIP_MIN_BYTES
-from ..figures import EDGE_SHARE, microseconds, moment
+from ..figures.build import EDGE_SHARE, microseconds, moment
 from ..models import Event
-from ..queries import BadQuery
+from ..reads.queries import BadQuery
+from ..store.aggregate import span_rows
+from ..web.api import _ACCEPTS_GZIP, GZIP_MIN_BYTES
 from . import filtered
 from .compare import (
     MAX_STEPS,

@@ -17,7 +17,7 @@ is empty for a cluster-scoped object). What belongs to its history:
   say which kind of object it means: a pod and a service of the same namespace and name share
   their log lines.
 
-A version is what ``timelines.diff.object_version`` finds in a request's stored body (the
+A version is what ``timelines.reads.diff.object_version`` finds in a request's stored body (the
 response object, else a whole request object); each version is diffed against the previous one
 with ``GET /api/v1/events/{id}/diff/?against={previous}``.
 """
@@ -33,8 +33,8 @@ from functools import cached_property
 import orjson
 from django.db.models import Q, QuerySet
 
-from ..diff import NoVersion, object_version
 from ..models import BodyChunk, Event
+from ..reads.diff import NoVersion, object_version
 
 MAX_EVENTS = 2000  # of one object's history; the answer says when there were more
 # the columns the history lists (``received``/``completed`` as datetimes)

@@ -12,10 +12,10 @@ from rest_framework.response import Response
 from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident
 
-from ..aggregate import requests_only
 from ..models import Event
-from ..queries import BadQuery
-from ..related import related_objects
+from ..reads.queries import BadQuery
+from ..reads.related import related_objects
+from ..store.aggregate import requests_only
 from . import filtered
 from .history import ObjectKey, object_history, object_of
 
@@ -122,7 +122,7 @@ _OBJECT = {"type": "object", "properties": {
         "the objects related to the object"))
 @api_view(["GET"])
 def related_api(request, incident_pk: int):
-    """The objects related to one object of the incident (``timelines.related``), from its
+    """The objects related to one object of the incident (``timelines.reads.related``), from its
     snapshots: ``?resource=&namespace=&name=`` (or ``?event=<id>``) →
     ``{"object": {"resource", "namespace", "name", "uid"}, "related": [{"resource",
     "namespace", "name", "relation"}]}``. Its owners up the chain, what it owns down the chain,

@@ -31,9 +31,9 @@ from django.utils import timezone
 from incidents.models import IncidentGone, writing
 from incidents.notes import format_duration, format_time
 
-from ..aggregate import data_version
 from ..detections.incident import detections
 from ..models import Event, IncidentInsights
+from ..store.aggregate import data_version
 from . import deletions, findings
 from .common import (
     MAX_EVENTS,

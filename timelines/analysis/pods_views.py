@@ -42,10 +42,10 @@ from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident, visible_incidents
 from incidents.models import Incident, IncidentGone, writing
 
-from .. import aggregate
-from ..filters import EventFilterSet
 from ..models import BodyChunk, Event, IncidentPodFacts
-from ..queries import BadQuery
+from ..reads.filters import EventFilterSet
+from ..reads.queries import BadQuery
+from ..store import aggregate
 from . import filtered, pods
 
 CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees memory

@@ -78,10 +78,12 @@ def still_reading(incident_id: int) -> bool:
 
 def prepare_reads(incident_id: int) -> None:
     """What the first answer needs once every file is stored: the years of logs that had none
-    settled (``ingest.settle_years``: it moves rows) and the planner's statistics of time order.
-    Part of ``ready``, not of the analyses: cheap, and it changes answers or their speed."""
-    from ..ingest import settle_years
+    settled (``ingest.years.settle_years``: it moves rows) and the planner's statistics of time
+    order. Part of ``ready``, not of the analyses: cheap, and it changes answers or their speed.
+    It names the two modules it calls, not the package ``timelines.ingest``, which hands on the
+    pipeline that calls ``complete_incident``: neither of them imports this module back."""
     from ..ingest.store import analyze_time_order
+    from ..ingest.years import settle_years
 
     settle_years(incident_id)
     analyze_time_order()
@@ -161,7 +163,7 @@ def _register_builtin() -> None:
     if _registered:
         return
     _registered = True
-    from ..queries import build_column_index, warm_overview
+    from ..reads.queries import build_column_index, warm_overview
     from . import insights, pods_views, statelinks
 
     after_ready("state links")(statelinks.link_state_to_requests)

@@ -23,7 +23,7 @@ a bin where 100 LIST calls each ran throughout shows 100), for the ``top`` keys 
 time in flight and the rest summed. A request is in flight from ``received`` to ``completed``;
 one that never completed, to the end of the chart (the last moment the selection knows).
 
-Both are computed where the events are quickest to read, as facets are (``timelines.facets``):
+Both are computed where the events are quickest to read, as facets are (``timelines.reads.facets``):
 from the column index (each event's signature gives its key, ``duration.npy`` its duration),
 else by the database (PostgreSQL's ``percentile_disc``; for the in-flight chart PostgreSQL sends
 each key's times in one pass; on SQLite the rows are read and grouped in Python). The arithmetic
@@ -43,9 +43,9 @@ from django.http import QueryDict
 
 from incidents.models import Incident
 
-from .. import facets
-from ..figures import Bins, microseconds, moment
-from ..queries import BadQuery
+from ..figures.build import Bins, microseconds, moment
+from ..reads import facets
+from ..reads.queries import BadQuery
 
 # ``by`` → event column (the events filter of the same name filters on it)
 BY = {"user": "username", "user_agent": "user_agent", "verb": "verb", "resource": "resource",

@@ -16,8 +16,8 @@ from rest_framework.exceptions import ValidationError
 from hindsight.schema import FILTERED
 from incidents.access import get_visible_incident
 
-from ..filters import EventFilterSet
-from ..queries import BadQuery
+from ..reads.filters import EventFilterSet
+from ..reads.queries import BadQuery
 
 BY_LABELS = {"user": "User", "user_agent": "User agent", "verb": "Verb", "resource": "Resource",
              "namespace": "Namespace", "code": "Code"}

@@ -168,8 +168,8 @@ def groups_of(incident_id: int, event_ids=None) -> list[tuple[dict, list[int]]]:
 def _index_of(incident_id: int):
     """The incident's column index at its current data version, or None (none built: a small
     incident, or an upload running)."""
-    from .. import columns
-    from ..aggregate import data_version
+    from ..store import columns
+    from ..store.aggregate import data_version
 
     version = data_version(incident_id)
     return columns.load(incident_id, version) if version is not None else None

@@ -1,5 +1,5 @@
 """What the timeline figure marks as detected: the rules (with their priority and severity) that
-matched each drawn event, for ``figures.build_gantt_figure``'s ``detections``.
+matched each drawn event, for ``figures.build.build_gantt_figure``'s ``detections``.
 
 One query over the stored matches (``DetectionEvent``) of the figure's events, by the leading
 columns of their index; nothing more when none of them was detected, which is most figures.
@@ -49,7 +49,7 @@ def rule_priorities(team_id: int | None) -> dict[str, str]:
 
 def detection_marks(incident_ids: Iterable[int] | QuerySet, team_id: int | None,
                     bars: Iterable[Sequence]) -> dict[int, list[tuple[str, str, str]]]:
-    """``build_gantt_figure``'s ``detections`` for ``bars`` (``figures.Bar``s, or rows of
+    """``build_gantt_figure``'s ``detections`` for ``bars`` (``figures.build.Bar``s, or rows of
     their fields) of ``incident_ids``: event id → ``(rule, priority, severity)`` of each rule
     that matched it, the most severe first (then by name). A rule the team's rules no longer
     hold keeps its name, with an empty priority and severity ``info``."""

@@ -136,7 +136,7 @@ def purge_incident(incident_id: int) -> dict[str, int] | None:
         DetectionEvent.objects.filter(incident_id=incident_id)._raw_delete(
             DetectionEvent.objects.db)
     done["files"] = _remove_files(purge)
-    from .. import columns  # numpy only where it is used (see timelines.queries)
+    from ..store import columns  # numpy only where it is used (see timelines.reads.queries)
 
     columns.discard(incident_id)
     IncidentPurge.objects.filter(pk=incident_id).delete()

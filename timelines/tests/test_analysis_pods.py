@@ -555,8 +555,8 @@ def test_the_stored_facts_give_the_answers_read_from_the_rows_embedded(incident,
 def _assert_stored_facts_answer_as_rows(incident, mixed):
     from django.http import QueryDict
 
-    from timelines.aggregate import data_version
     from timelines.analysis import pods_views
+    from timelines.store.aggregate import data_version
 
     web, db = mixed
     version = data_version(incident.pk)
@@ -591,9 +591,9 @@ def test_an_evicted_cache_is_served_from_the_stored_facts(api, incident, mixed, 
                                                            tmp_path):
     from django.core.cache import cache
 
-    from timelines.aggregate import data_version
     from timelines.analysis import pods_views
     from timelines.models import IncidentPodFacts
+    from timelines.store.aggregate import data_version
     from timelines.tasks import finish_incident
 
     finish_incident(incident.pk)

@@ -15,9 +15,10 @@ from django.core.cache import cache
 from django.http import QueryDict
 from django.test import Client
 
-from timelines import aggregate, columns, facets
 from timelines.analysis import stats
 from timelines.parsers.base import Row
+from timelines.reads import facets
+from timelines.store import aggregate, columns
 
 from .test_figure_api import T0, _store
 

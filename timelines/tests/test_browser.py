@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hindsight.testing import page_query, wait_for_detail, write_audit_log
-from timelines.figures import hover_texts
+from timelines.figures.build import hover_texts
 from timelines.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -208,7 +208,7 @@ def test_clicking_a_bar_opens_the_event_in_the_page(open_page, owner, incident, 
 
 def test_a_bar_shows_its_hover_text_at_either_end(open_page, owner, incident, falco):
     """The figure carries a bar's text as numbers into a table of strings; the page joins them
-    exactly as ``figures.hover_texts`` says, and shows the text at either end of the bar (a
+    exactly as ``figures.build.hover_texts`` says, and shows the text at either end of the bar (a
     short bar is two pixels wide: the pointer is as often nearer its end)."""
     target = _by_file(falco, "create_configmap_no_sensitive_values.json")
     page = open_page(owner, f"/incidents/{incident.pk}/?resource=configmaps&lanes=actor")

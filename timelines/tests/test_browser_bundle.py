@@ -13,7 +13,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.templatetags.static import static
 
-from timelines.figures import Bins, Span, build_gantt_figure, build_heatmap_figure, count_lanes
+from timelines.figures.build import (
+    Bins,
+    Span,
+    build_gantt_figure,
+    build_heatmap_figure,
+    count_lanes,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

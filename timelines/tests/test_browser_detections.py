@@ -1,6 +1,6 @@
 """Detections on the incident timeline in a real browser (Debian Chromium through Playwright):
 the star of a request a Falco rule matched is drawn (its pixels are there, and gone when its
-trace is hidden), its hover text names the rule and its priority as ``figures.hover_texts``
+trace is hidden), its hover text names the rule and its priority as ``figures.build.hover_texts``
 says, and a click on it opens the event."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hindsight.testing import (
 from timelines.detections import rules
 from timelines.detections.incident import evaluate, ruleset_for, store_matches
 from timelines.detections.models import DetectionEvent
-from timelines.figures import hover_texts
+from timelines.figures.build import hover_texts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

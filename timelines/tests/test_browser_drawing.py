@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from timelines import queries
+from timelines.reads import queries
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""The column index (timelines/columns.py): the same heatmap counts as the database for every
+"""The column index (timelines/store/columns.py): the same heatmap counts as the database for every
 filter it holds, used by the figure endpoint once built, never when stale or not applicable."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from django.http import QueryDict
 from django.utils import timezone
 
 from incidents.models import Incident, Upload
-from timelines import aggregate, columns
-from timelines.filters import EventFilterSet
+from timelines.figures.lanes import GROUPS
 from timelines.ingest import purge_incident
-from timelines.lanes import GROUPS
 from timelines.models import Event
-from timelines.queries import warm_overview
+from timelines.reads.filters import EventFilterSet
+from timelines.reads.queries import warm_overview
+from timelines.store import aggregate, columns
 
 from .test_figure_api import T0, _python_counts, _row, _store, _synthetic_rows
 
@@ -96,7 +96,7 @@ def test_the_index_counts_what_the_database_counts(indexed, group):
 
 def test_folding_follows_the_lane_limit_of_the_database(indexed, monkeypatch):
     incident, index = indexed
-    monkeypatch.setattr("timelines.aggregate.HEATMAP_LANES", 6)
+    monkeypatch.setattr("timelines.store.aggregate.HEATMAP_LANES", 6)
     counts = _index_counts(index, "", "object")[1]
     assert counts == _python_counts(Event.objects.filter(incident=incident), "object",
                                     max_lanes=6)
@@ -105,7 +105,7 @@ def test_folding_follows_the_lane_limit_of_the_database(indexed, monkeypatch):
 
 def test_the_figure_comes_from_the_index_once_built(client, owner, incident, monkeypatch):
     _store(incident, _synthetic_rows())
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     client.force_login(owner)
     url = f"/api/v1/incidents/{incident.pk}/figure/"
     queries = ["lanes=actor&verb=get&verb=list", "lanes=object&kind=event",
@@ -127,7 +127,7 @@ def test_the_figure_comes_from_the_index_once_built(client, owner, incident, mon
 def test_free_text_is_counted_by_the_index_and_groups_by_the_database(client, owner, incident,
                                                                        monkeypatch):
     _store(incident, _synthetic_rows())
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     warm_overview(incident.pk)
     selects = []
     select = columns.ColumnIndex.select
@@ -151,7 +151,7 @@ def test_free_text_is_counted_by_the_index_and_groups_by_the_database(client, ow
 
 def test_a_new_upload_makes_a_new_index_and_the_old_one_goes(client, owner, incident,
                                                             monkeypatch):
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)])
     warm_overview(incident.pk)
     first = aggregate.data_version(incident.pk)
@@ -197,7 +197,7 @@ def test_deleting_the_incident_removes_its_index(incident):
 
 def test_a_value_holding_the_separator_leaves_counting_to_the_database(client, owner,
                                                                        incident, monkeypatch):
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     _store(incident, [_row(n, n, resource="pods", name="a\x1fb" if n == 7 else "a")
                       for n in range(300)])
     with pytest.raises(columns.UnusualValues):
@@ -212,7 +212,7 @@ def test_a_value_holding_the_separator_leaves_counting_to_the_database(client, o
 def test_an_unwritable_index_folder_leaves_counting_to_the_database(client, owner, incident,
                                                                     settings, tmp_path,
                                                                     monkeypatch, caplog):
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     settings.COLUMNS_DIR = tmp_path / "a-file"
     settings.COLUMNS_DIR.write_text("not a folder")
     _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)])

@@ -50,8 +50,8 @@ def test_stored_requests_match_as_the_trace_lines_do(falco, incident, fixtures_d
 
 def test_the_column_index_decides_as_the_database_does(falco, incident):
     """Past 20,000 events the groups come from the column index's signatures: same matches."""
-    from timelines import columns
-    from timelines.aggregate import data_version
+    from timelines.store import columns
+    from timelines.store.aggregate import data_version
 
     ruleset = ruleset_for(incident.pk)
     by_database = evaluate(incident.pk, ruleset)

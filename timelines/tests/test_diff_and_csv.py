@@ -9,8 +9,8 @@ import json
 import pytest
 
 from hindsight.testing import requests_in
-from timelines.diff import NoVersion, diff, object_version
 from timelines.models import Event
+from timelines.reads.diff import NoVersion, diff, object_version
 
 # --- the pure diff -------------------------------------------------------------------------------
 

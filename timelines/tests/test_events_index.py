@@ -1,4 +1,4 @@
-"""The events list and the step endpoint narrowed by the column index (``timelines.api``
+"""The events list and the step endpoint narrowed by the column index (``timelines.web.api``
 ``narrowed``, ``index_query``): with an index and without one, every filter kind gives the same
 events, page by page in both directions and step by step, and a value no event holds is
 answered without reading the events."""
@@ -13,9 +13,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.renderers import JSONRenderer
 
-from timelines import aggregate, columns
 from timelines.models import Event
-from timelines.serializers import LIST_COLUMNS, EventSerializer, event_rows
+from timelines.store import aggregate, columns
+from timelines.web.serializers import LIST_COLUMNS, EventSerializer, event_rows
 
 from .test_figure_api import T0, _row, _store, _synthetic_rows
 

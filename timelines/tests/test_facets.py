@@ -16,8 +16,9 @@ from django.core.management import call_command
 from django.http import QueryDict
 from django.test import Client
 
-from timelines import aggregate, columns, facets
 from timelines.models import Event
+from timelines.reads import facets
+from timelines.store import aggregate, columns
 
 from .test_figure_api import T0, _row, _store, _synthetic_rows
 
@@ -336,7 +337,7 @@ def test_build_columns_indexes_the_large_incidents_that_have_no_index(incident, 
                                                                       monkeypatch):
     """After an upgrade that changes the index format, the older indexes are not read: the
     command builds them again."""
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     from incidents.models import Incident
 
     small = Incident.objects.create(title="small", team=team)

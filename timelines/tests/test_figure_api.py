@@ -13,13 +13,13 @@ import pytest
 from django.utils import timezone
 
 from incidents.models import Upload
-from timelines import aggregate
-from timelines.columns import ColumnIndex
-from timelines.figures import Bins, Span, count_lanes, hover_texts, microseconds
+from timelines.figures.build import Bins, Span, count_lanes, hover_texts, microseconds
+from timelines.figures.lanes import GROUPS, OTHER_LANES
 from timelines.ingest.store import write_rows
-from timelines.lanes import GROUPS, OTHER_LANES
 from timelines.models import Event
 from timelines.parsers import Row
+from timelines.store import aggregate
+from timelines.store.columns import ColumnIndex
 
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 pytestmark = pytest.mark.django_db
@@ -200,8 +200,8 @@ def test_beyond_max_spans_the_database_counts_a_heatmap_with_its_lanes_capped(
         client_of, owner, incident, monkeypatch):
     rows = _synthetic_rows()
     _store(incident, rows)
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
-    monkeypatch.setattr("timelines.aggregate.HEATMAP_LANES", 6)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.store.aggregate.HEATMAP_LANES", 6)
 
     figure = _figure(client_of(owner), incident, lanes="object")
 
@@ -221,7 +221,7 @@ def test_a_zoomed_window_of_few_enough_events_comes_back_as_a_gantt(client_of, o
                                                                     monkeypatch):
     _store(incident, [_row(n, n / 10, resource="pods", name=f"p{n % 7}", verb="get")
                       for n in range(1000)])
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     client = client_of(owner)
     since, until = "2024-03-01T12:00:10Z", "2024-03-01T12:00:15Z"
 
@@ -310,7 +310,7 @@ def test_each_bar_starts_at_its_event_s_exact_microsecond_and_names_it_once(
 def test_a_big_figure_goes_gzipped_to_a_client_that_accepts_it(client_of, owner, incident,
                                                                  monkeypatch):
     _store(incident, _gantt_rows())
-    monkeypatch.setattr("timelines.api.GZIP_MIN_BYTES", 2000)
+    monkeypatch.setattr("timelines.web.api.GZIP_MIN_BYTES", 2000)
     client = client_of(owner)
     url = f"/api/v1/incidents/{incident.pk}/figure/"
 
@@ -327,7 +327,7 @@ def test_a_big_figure_goes_gzipped_to_a_client_that_accepts_it(client_of, owner,
 
 def test_the_heatmap_is_counted_once_per_data_version(client_of, owner, incident, monkeypatch):
     _store(incident, [_row(n, n, resource="pods", name="a") for n in range(300)], format="audit")
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     client = client_of(owner)
     calls = []
     count = aggregate.lane_counts
@@ -350,9 +350,9 @@ def test_the_heatmap_is_counted_once_per_data_version(client_of, owner, incident
 
 def test_the_overview_is_counted_after_the_last_upload_finishes(client_of, owner, incident,
                                                                 monkeypatch):
-    from timelines.queries import warm_overview
+    from timelines.reads.queries import warm_overview
 
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
     calls = []
     count = aggregate.lane_counts
     monkeypatch.setattr(aggregate, "lane_counts", lambda *a, **k: calls.append(1) or count(*a, **k))
@@ -373,7 +373,7 @@ def test_the_overview_is_counted_after_the_last_upload_finishes(client_of, owner
 
 
 def test_a_small_incident_needs_no_overview(incident):
-    from timelines.queries import warm_overview
+    from timelines.reads.queries import warm_overview
 
     _store(incident, [_row(n, n) for n in range(30)])
     assert warm_overview(incident.pk) == 0
@@ -390,7 +390,7 @@ def test_sqlite_counts_the_heatmap_in_python_without_truncating(client_of, owner
                                                                  monkeypatch):
     rows = _synthetic_rows(count=600)
     _store(incident, rows)
-    monkeypatch.setattr("timelines.queries.MAX_SPANS", 100)
+    monkeypatch.setattr("timelines.reads.queries.MAX_SPANS", 100)
 
     figure = _figure(client_of(owner), incident, lanes="actor")
 

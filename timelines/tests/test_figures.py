@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from timelines.figures import (
+from timelines.figures.build import (
     DETECTION_LIFT_PX,
     DETECTIONS,
     EDGE_SHARE,
@@ -25,7 +25,7 @@ from timelines.figures import (
     microseconds,
     object_lifespans,
 )
-from timelines.lanes import LABEL_CHARS, OTHER_LANES, short_label
+from timelines.figures.lanes import LABEL_CHARS, OTHER_LANES, short_label
 
 T0 = datetime(2024, 2, 1, 10, 0, tzinfo=UTC)
 

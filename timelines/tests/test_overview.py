@@ -1,5 +1,5 @@
 """The overview endpoint (``/api/v1/incidents/{id}/overview/``) and its suggested first window
-(``timelines.overview.suggest_window``, tested first without a database)."""
+(``timelines.reads.overview.suggest_window``, tested first without a database)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 from django.core.cache import cache
 from django.http import QueryDict
 
-from timelines import aggregate, columns, facets
-from timelines.figures import EPOCH
-from timelines.overview import overview, suggest_window
+from timelines.figures.build import EPOCH
+from timelines.reads import facets
+from timelines.reads.overview import overview, suggest_window
+from timelines.store import aggregate, columns
 
 from .test_facets import demo_requests, expected, rows_of
 from .test_figure_api import T0, _row, _store, _synthetic_rows

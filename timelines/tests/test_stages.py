@@ -11,12 +11,12 @@ from django.utils import timezone
 
 from hindsight.testing import requests_in
 from incidents.models import Upload
-from timelines import aggregate
 from timelines.analysis import registry
 from timelines.analysis.registry import after_ready, complete_incident, registered
 from timelines.ingest import create_local_upload, fail_upload, ingest_upload
 from timelines.ingest.uploads import requeue_stale
 from timelines.models import IncidentInsights
+from timelines.store import aggregate
 
 pytestmark = pytest.mark.django_db
 

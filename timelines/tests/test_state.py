@@ -292,7 +292,7 @@ def test_kindless_objects_of_the_raw_api_are_named_by_their_self_link(tmp_path):
 
 
 def test_a_snapshot_is_a_version_of_its_object_and_a_time_point_is_not(gather, collected):
-    from timelines.diff import NoVersion, diff, object_version
+    from timelines.reads.diff import NoVersion, diff, object_version
 
     path = next(p for n, p in gather.items() if n.endswith("/clusteroperators.yaml"))
     rows, _ = read(path, collected)

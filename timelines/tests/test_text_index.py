@@ -1,4 +1,4 @@
-"""The text filter ``q`` answered from the column index (``timelines.textblocks``): with the
+"""The text filter ``q`` answered from the column index (``timelines.store.textblocks``): with the
 index and without it every term gives the same pages, steps and exports, whatever its case, its
 characters or where it is; a term that no event holds reads no event, and a rare one is read by
 the ids of its matches."""
@@ -14,8 +14,8 @@ from django.db import connection
 from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 
-from timelines import aggregate, columns, textblocks
 from timelines.models import Event
+from timelines.store import aggregate, columns, textblocks
 
 from .test_events_index import STEP_URL, URL, _iso, _neighbours, pages
 from .test_figure_api import _row, _store, _synthetic_rows

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from timelines.api import CSV_COLUMNS
 from timelines.models import Event
+from timelines.web.api import CSV_COLUMNS
 
 pytestmark = pytest.mark.django_db
 

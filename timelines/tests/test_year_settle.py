@@ -26,11 +26,11 @@ from django.db import transaction
 
 from incidents.models import Incident, Upload
 from incidents.notes import Annotation, Sequence, SequenceStep
-from timelines import aggregate
 from timelines.ingest import create_local_upload, ingest_upload, settle_years
 from timelines.ingest.years import GUESS_KEY, move_upload_events
 from timelines.models import Event
 from timelines.parsers.base import parse_time
+from timelines.store import aggregate
 
 pytestmark = pytest.mark.django_db
 

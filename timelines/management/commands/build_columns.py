@@ -1,6 +1,6 @@
 """``manage.py build_columns [INCIDENT_ID ...]``: build the column index of large incidents.
 
-Ingest builds an incident's index (``timelines.columns``) when its uploads finish. An index is
+Ingest builds an incident's index (``timelines.store.columns``) when its uploads finish. An index is
 read only in the format of the running code, so after an upgrade that changes the format the
 older ones are ignored (the database counts instead, slower) until this rebuilds them, or
 until the incident's next upload does. Incidents with an upload running, or too small to need
@@ -13,8 +13,8 @@ from django.core.management.base import BaseCommand
 
 from incidents.access import stream_slot_ids
 from incidents.models import Incident
-from timelines import aggregate, columns
-from timelines.queries import warm_overview
+from timelines.reads.queries import warm_overview
+from timelines.store import aggregate, columns
 
 
 class Command(BaseCommand):

@@ -40,7 +40,7 @@ from timelines.analysis.registry import complete_incident, prepare_reads
 from timelines.ingest import bulk, create_local_upload, fail_upload, ingest_upload
 from timelines.ingest.bundle import finish_bundle
 from timelines.ingest.unpacker import is_bundle
-from timelines.queries import shared_cache
+from timelines.reads.queries import shared_cache
 
 
 def _start_child() -> None:

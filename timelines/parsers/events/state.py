@@ -307,7 +307,7 @@ class StateBuilder:
                 component=fact.container, code=fact.code, count=fact.count,
                 annotations=annotations,
                 # Not shaped as an object (no top-level metadata): only a snapshot is a
-                # version of the object to diff (``timelines.diff.object_version``).
+                # version of the object to diff (``timelines.reads.diff.object_version``).
                 raw=_dumps({"object": {"kind": kind, "apiVersion": obj["apiVersion"],
                                        "namespace": namespace, "name": name, "uid": uid},
                             "reason": fact.reason, "capture": stamp, "fact": fact.detail}),
@@ -362,7 +362,7 @@ def relations(obj: dict[str, Any], resource: str, namespace: str) -> list[list[s
     ``owner`` (its ownerReferences), ``node`` (a pod's node), ``claim`` (a pod's
     PersistentVolumeClaims, a PersistentVolume's claimRef), ``volume`` (a claim's bound volume),
     ``service`` (the Service of Endpoints or an EndpointSlice), ``pod`` (the pods Endpoints and
-    EndpointSlices point at). Read by ``timelines.related``, which adds the inverse."""
+    EndpointSlices point at). Read by ``timelines.reads.related``, which adds the inverse."""
     found: list[list[str]] = []
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}

@@ -16,7 +16,7 @@ from django.core.validators import ProhibitNullCharactersValidator
 from django.db.models import Exists, OuterRef, Q
 from django_filters.fields import IsoDateTimeField
 
-from .models import Event
+from ..models import Event
 from .related import parse_related, related_filter
 
 
@@ -97,7 +97,7 @@ class DetectedBy(AnyOf):
     def filter(self, qs, value):
         if not value:
             return qs
-        from .detections.models import DetectionEvent
+        from ..detections.models import DetectionEvent
 
         return qs.filter(Exists(DetectionEvent.objects.filter(
             incident_id=OuterRef("incident_id"), rule__in=value, event_id=OuterRef("id"))))
@@ -134,7 +134,7 @@ class RelatedKeysField(ValueListField):
 
 class RelatedTo(django_filters.Filter):
     """``related=R/N/X`` (``R/X`` for a cluster-scoped object): the object's events and those of
-    everything related to it (``timelines.related``); repeated, any of them."""
+    everything related to it (``timelines.reads.related``); repeated, any of them."""
 
     field_class = RelatedKeysField
 

@@ -1,7 +1,7 @@
 """Plotly figure builders: arrays in, figure dict out. No ORM, no request.
 
 ``build_gantt_figure`` draws each piece of evidence as a bar from its start to its end on one
-lane per object (or actor, user agent, source file: what a lane is, ``timelines.lanes``),
+lane per object (or actor, user agent, source file: what a lane is, ``timelines.figures.lanes``),
 coloured by verb or outcome. Bars are WebGL line segments (``scattergl``): SVG shapes take tens
 of seconds for 100k spans, WebGL a few.
 Spans that never ended are drawn to the window's end, dotted. On object lanes each object's
@@ -13,7 +13,7 @@ JSON small (x as epoch milliseconds; hover texts as numbers into a table of stri
 page joins): 20,000 bars in well under 200 ms.
 
 Beyond ``MAX_SPANS`` events the caller draws ``build_heatmap_figure`` instead: counts per lane and
-time bin (``LaneCounts``), which the database computes (``timelines.aggregate``) or
+time bin (``LaneCounts``), which the database computes (``timelines.store.aggregate``) or
 ``count_lanes`` here for the embedded SQLite mode and tests. The most active ``HEATMAP_LANES``
 lanes are drawn, the others summed into one ``OTHER_LANES`` row.
 """
@@ -107,7 +107,7 @@ class Bar(NamedTuple):
     in integer microseconds since the epoch, which is what the x axis needs (milliseconds:
     ``start / 1000``). Making a datetime per time and an ISO string per bar end took a third
     of a 20,000-bar figure's time. The Gantt reads bars by position, so a database row of
-    these fields in this order is a bar as it is (``timelines.queries``)."""
+    these fields in this order is a bar as it is (``timelines.reads.queries``)."""
 
     id: int
     kind: str

@@ -25,11 +25,11 @@ Without an index (not built yet, an upload running, a filter it does not hold su
 
 The events are stored in the events list's order (``received``, then ``id``), so the times of
 any selection come out sorted (the overview's suggested window reads them,
-``timelines.overview``), and each event's ``id`` is kept, so that a page of matches can be read
-by id. A signature also says whether its events never completed (open spans), which the
+``timelines.reads.overview``), and each event's ``id`` is kept, so that a page of matches can be
+read by id. A signature also says whether its events never completed (open spans), which the
 overview's outcome series count. The events' free text (``request_uri``, ``message``, ``name``)
-is kept beside them in blocks (``timelines.textblocks``), so that every reader answers the text
-filter ``q`` from the index too.
+is kept beside them in blocks (``timelines.store.textblocks``), so that every reader answers the
+text filter ``q`` from the index too.
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
+from ..figures.build import HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds, moment
+from ..figures.lanes import GROUPS, OTHER_LANES, lane_name
 from . import aggregate, textblocks
-from .figures import HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds, moment
-from .lanes import GROUPS, OTHER_LANES, lane_name
 
 log = logging.getLogger(__name__)
 
-# Filter parameter (timelines.filters.EventFilterSet) → column. Every "any of these values"
+# Filter parameter (timelines.reads.filters.EventFilterSet) → column. Every "any of these values"
 # filter on a plain text or integer column; not ``group`` (a list per event), ``audit_id``
 # (unique per request: its dictionary would be as big as the events) or the free text ``q``
-# (``timelines.textblocks``, tested on the events' text).
+# (``timelines.store.textblocks``, tested on the events' text).
 FILTER_COLUMNS = {
     "kind": "kind", "resource": "resource", "subresource": "subresource", "name": "name",
     "namespace": "namespace", "user": "username", "impersonated_user": "impersonated_user",
@@ -75,7 +75,7 @@ _SEPARATOR = "\x1f"  # joins a row's fields into its signature
 # of the files; a change makes older indexes unreadable, so they are rebuilt. 2: events in time
 # order, and the open flag in the signature (``open.npy``). 3: each event's duration
 # (``duration.npy``, for the request statistics of ``timelines.analysis.stats``). 4: events in
-# (received, id) order, their ids (``id.npy``) and their text (``timelines.textblocks``).
+# (received, id) order, their ids (``id.npy``) and their text (``timelines.store.textblocks``).
 _FORMAT = 4
 
 _LOADED_MAX = 4  # indexes kept open per process
@@ -98,7 +98,7 @@ def _rows(incident_id: int):
     read through the ORM (the embedded default; PostgreSQL groups them itself, see
     ``_postgres_columns``); a signature is the row's ``_FIELDS`` joined by ``_SEPARATOR`` (a
     code of None is ""), then "1" for an event that never completed, else ""."""
-    from .models import Event
+    from ..models import Event
 
     rows = Event.objects.filter(incident_id=incident_id).order_by().values_list(
         "received", *_FIELDS, "completed", "id").iterator(chunk_size=_FETCH_ROWS)
@@ -466,7 +466,7 @@ class ColumnIndex:
         signature matches, or no text block may hold the terms of ``q``; otherwise the events
         are tested in blocks growing from that point, so a page of a common or a rare value
         costs a few thousand tests, not one per event (the events list narrows its query to
-        this reach, ``timelines.api.narrowed``)."""
+        this reach, ``timelines.web.api.narrowed``)."""
         start, stop = self._slice(since, until)
         if after is not None:
             start = max(start, int(np.searchsorted(self.received, after, "right")))

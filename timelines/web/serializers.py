@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from .models import Event
+from ..models import Event
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -37,7 +37,7 @@ class EventDetailSerializer(EventSerializer):
         return event.body()
 
     def get_request(self, event: Event) -> dict | None:
-        from .analysis.statelinks import request_of
+        from ..analysis.statelinks import request_of
 
         request = request_of(event)
         if request is None:

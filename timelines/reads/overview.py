@@ -1,6 +1,6 @@
 """The incident page's first view: the facets of one field and the overview strip (counts, a
 histogram by outcome, the top values of the main fields and a suggested first window), as cached
-JSON. Counting is ``timelines.facets``' (column index or database); the suggested window is
+JSON. Counting is ``timelines.reads.facets``' (column index or database); the suggested window is
 ``suggest_window``, a pure function of the events' sorted times.
 """
 
@@ -13,9 +13,9 @@ from django.http import QueryDict
 
 from incidents.models import Incident
 
+from ..figures.build import Bins, microseconds, moment
 from . import facets
 from .facets import SERIES, bounded, rank
-from .figures import Bins, microseconds, moment
 from .queries import window_of
 
 HISTOGRAM_BINS = 120

@@ -1,8 +1,8 @@
 """What a lane is: the row of the timeline an event is drawn on, in each grouping.
 
 One rule, read by every side that names lanes: the Gantt and the heatmap
-(``timelines.figures``), the database's count per lane (``timelines.aggregate``, from
-``LANE_SQL``), the column index (``timelines.columns``) and the API's ``lanes`` parameter.
+(``timelines.figures.build``), the database's count per lane (``timelines.store.aggregate``, from
+``LANE_SQL``), the column index (``timelines.store.columns``) and the API's ``lanes`` parameter.
 
 - ``object``: ``resource/namespace/name`` (the non-empty parts), an event without a resource
   on ``(kind)`` and its namespace and name;
@@ -40,7 +40,7 @@ LANE_SQL = {
 
 
 class Laned(Protocol):
-    """What names a lane: the fields of ``figures.Span`` and ``figures.Bar`` that lanes read
+    """What names a lane: the fields of ``build.Span`` and ``build.Bar`` that lanes read
     (a protocol, so that the rule of lanes does not import the figures that use it)."""
 
     kind: str

@@ -21,13 +21,13 @@ from rest_framework.response import Response
 
 from incidents.access import get_visible_incident, visible_incidents
 
-from . import aggregate, columns
-from .diff import NoVersion, diff, object_version
-from .figures import COLOURS, microseconds, moment
-from .filters import EventFilterSet
-from .lanes import GROUPS
-from .models import Event
-from .queries import BadQuery, figure_json
+from ..figures.build import COLOURS, microseconds, moment
+from ..figures.lanes import GROUPS
+from ..models import Event
+from ..reads.diff import NoVersion, diff, object_version
+from ..reads.filters import EventFilterSet
+from ..reads.queries import BadQuery, figure_json
+from ..store import aggregate, columns
 from .serializers import LIST_COLUMNS, EventDetailSerializer, EventSerializer, event_rows
 
 # Figure answers from this size on go gzipped to a client that accepts it: an 18,000-bar Gantt's
@@ -208,7 +208,7 @@ def figure_options(params) -> tuple[str, str]:
 @api_view(["GET"])
 def incident_figure(request, incident_pk: int):
     """The timeline figure of the incident's filtered events (Plotly JSON): a Gantt of WebGL
-    bars up to ``MAX_SPANS`` events, a lane × time heatmap beyond (``timelines.queries``).
+    bars up to ``MAX_SPANS`` events, a lane × time heatmap beyond (``timelines.reads.queries``).
     ``lanes`` = object, actor, user_agent or source (``group`` is taken: it filters by user
     group); ``colour`` = verb or outcome. ``since``/``until`` also set the drawn window, so a
     client zoomed into a window of at most ``MAX_SPANS`` events gets that window's Gantt.
@@ -223,7 +223,7 @@ def incident_figure(request, incident_pk: int):
     Heatmaps are counted from the incident's column index (or the database), cached under the
     incident's data version and the query, and the unfiltered ones are counted right after each
     ingest. A Gantt's hover texts are numbers into the figure's ``labels`` (see
-    ``figures.hover_texts``).
+    ``figures.build.hover_texts``).
     Answers of ``GZIP_MIN_BYTES`` or more are gzipped when the client accepts it.
     """
     incident = get_visible_incident(request.user, incident_pk)

@@ -8,12 +8,12 @@ thousand rows, whatever the number of events. Object and actor lanes
 read only the ``event_object`` and ``event_actor`` indexes (index-only scans) for every event with
 a resource (or a user); events without one visit the table for their ``kind``, which names their
 lane, unless the incident holds requests only (``requests_only``). SQLite, the embedded mode,
-counts in Python over every matching row: slower, same answer (``figures.count_lanes`` is also
+counts in Python over every matching row: slower, same answer (``figures.build.count_lanes`` is also
 what the PostgreSQL query is tested against).
 
 Over a million events this still takes about a second on two busy cores (bench/README.md):
-which is why large incidents get a column index (``timelines.columns``) and the figure endpoint
-caches heatmaps under ``figure_cache_key``.
+which is why large incidents get a column index (``timelines.store.columns``) and the figure
+endpoint caches heatmaps under ``figure_cache_key``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from django.db.models import BigIntegerField, Count, Func, Max, Min, Q, QuerySet
 
 from incidents.models import Upload
 
-from .figures import (
+from ..figures.build import (
     HEATMAP_BINS,
     HEATMAP_LANES,
     Bins,
@@ -38,7 +38,7 @@ from .figures import (
     fold_lanes,
     microseconds,
 )
-from .lanes import LANE_SQL
+from ..figures.lanes import LANE_SQL
 
 # Formats whose parsers yield requests only (kind audit). An incident whose uploads are all of
 # these (or bundles, or files no parser took, which hold no events) needs no event's ``kind``
@@ -61,7 +61,7 @@ class _EpochMicroseconds(Func):
 
 def span_rows(queryset: QuerySet, fields: Sequence[str]) -> Iterable[tuple]:
     """``queryset.values_list(*fields)``, but ``received`` and ``completed`` as integer
-    microseconds since the epoch (what ``figures.Bar`` holds), and quick for the Gantt's
+    microseconds since the epoch (what ``figures.build.Bar`` holds), and quick for the Gantt's
     thousands of rows. On PostgreSQL the database turns the times into integers (psycopg parses
     a timestamp's text several times slower than an integer's) and the rows come straight from
     the cursor, without the ORM's work per row: 18,000 rows in 60 ms instead of 110."""

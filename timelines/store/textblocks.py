@@ -38,7 +38,7 @@ import lz4.block
 import numpy as np
 from django.db import connection
 
-from .figures import moment
+from ..figures.build import moment
 
 BLOCK = 4096  # events per block
 BITS = 1 << 16  # bits of a block's trigram filter
@@ -266,7 +266,7 @@ def read_postgres(incident_id: int, received: np.ndarray, writer: Writer) -> Non
 def read_rows(incident_id: int, writer: Writer) -> None:
     """``read_postgres`` through the ORM (the embedded default), folded as SQLite's LIKE
     compares (ASCII letters only)."""
-    from .models import Event
+    from ..models import Event
 
     rows = Event.objects.filter(incident_id=incident_id).order_by("received", "id").values_list(
         *TEXT_COLUMNS).iterator(chunk_size=_FETCH_ROWS)

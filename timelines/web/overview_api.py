@@ -1,5 +1,5 @@
 """REST API of the incident page's first view: facets and the overview strip
-(``timelines.overview``), with the events list's filters and access rules."""
+(``timelines.reads.overview``), with the events list's filters and access rules."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rest_framework.exceptions import ValidationError
 
 from incidents.access import get_visible_incident
 
-from .queries import BadQuery
+from ..reads.queries import BadQuery
 
 
 @api_view(["GET"])
@@ -22,7 +22,7 @@ def incident_facets(request, incident_pk: int):
     (``contains`` applied). An event without the field counts under ``""`` (``null`` for
     ``code``); ``group`` counts each event once under each of its groups."""
     incident = get_visible_incident(request.user, incident_pk)
-    from .overview import facets_json  # numpy: loaded by the processes that count
+    from ..reads.overview import facets_json  # numpy: loaded by the processes that count
 
     try:
         body = facets_json(incident, request.query_params)
@@ -39,9 +39,9 @@ def incident_overview(request, incident_pk: int):
     ``top`` values, default 8, of user, user_agent, verb, resource, namespace, code, kind,
     reason, component, node and source) and
     ``window`` (a suggested first window of the events matching the filters without
-    ``since``/``until``, or null: ``timelines.overview.suggest_window``)."""
+    ``since``/``until``, or null: ``timelines.reads.overview.suggest_window``)."""
     incident = get_visible_incident(request.user, incident_pk)
-    from .overview import overview_json
+    from ..reads.overview import overview_json
 
     try:
         body = overview_json(incident, request.query_params)

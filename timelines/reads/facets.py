@@ -1,10 +1,10 @@
 """Counting an incident's filtered events by value and by time, for the incident page's facets
-(``GET /api/v1/incidents/{id}/facets/``) and its overview strip (``timelines.overview``).
+(``GET /api/v1/incidents/{id}/facets/``) and its overview strip (``timelines.reads.overview``).
 
 A *selection* is the incident's events that match a query (``EventFilterSet``: the same filters
 as the events list, ``since``/``until`` and ``q`` included), counted where it is quickest:
 
-- from the incident's **column index** (``timelines.columns``) when it has one at the current
+- from the incident's **column index** (``timelines.store.columns``) when it has one at the current
   data version and it holds every filter of the query. Each event there is its time and the
   number of its *signature* (the combination of its filterable fields), so counting the values
   of a field is one ``bincount`` of the selected events' signatures, then a sum per value over
@@ -17,7 +17,7 @@ as the events list, ``since``/``until`` and ``q`` included), counted where it is
 
 Both give the same answer, value for value (``timelines/tests/test_facets.py`` compares them).
 Answers are cached as JSON bytes under the incident's data version and the query, as figures
-are (``timelines.queries``).
+are (``timelines.reads.queries``).
 
 Empty values are values: an event without a user counts under the user ``""`` (without a code,
 under ``null``), so that the counts of a field add up to ``total`` and the page can show how much
@@ -40,10 +40,10 @@ from django.http import QueryDict
 
 from incidents.models import Incident
 
-from . import aggregate, columns
-from .figures import Bins, microseconds
+from ..figures.build import Bins, microseconds
+from ..models import Event
+from ..store import aggregate, columns
 from .filters import EventFilterSet
-from .models import Event
 from .queries import BadQuery
 
 # Facet name (as the filter parameter is named) → event column. Every filter the column index
@@ -56,7 +56,7 @@ CACHE_SECONDS = 7 * 24 * 3600  # keys name the data version: this only frees mem
 ERROR_CODE = 400  # an answer of this code or above is an error (4xx, 5xx)
 
 # The series of the overview's histogram: requests by outcome (as the figure's colour=outcome
-# names them, ``figures._colour``), the other evidence by kind.
+# names them, ``figures.build._colour``), the other evidence by kind.
 OUTCOMES = ("2xx", "3xx", "4xx", "5xx", "open", "other")
 KINDS = ("event", "log", "trace")
 SERIES = (*OUTCOMES, *KINDS)

@@ -3,7 +3,7 @@ a query (filters, ``lanes``, ``colour``) into figure JSON, used by the figure en
 ``warm_overview`` after an ingest.
 
 Heatmaps (views of more than ``MAX_SPANS`` events) are counted from the incident's column index
-(``timelines.columns``, built after its uploads finish: 20–40 ms for a million events) or, for
+(``timelines.store.columns``, built after its uploads finish: 20–40 ms for a million events) or, for
 a query the index cannot serve, by the database (about a second for a million events). Either
 way they are cached as JSON bytes under the incident's data version and the query, and the
 unfiltered overview is counted ahead of the first page view (bench/README.md, Figure
@@ -23,11 +23,11 @@ from django.http import QueryDict
 
 from incidents.models import Incident
 
-from . import aggregate
-from .detections.marks import detection_marks
-from .figures import MAX_SPANS, build_gantt_figure, build_heatmap_figure, moment
+from ..detections.marks import detection_marks
+from ..figures.build import MAX_SPANS, build_gantt_figure, build_heatmap_figure, moment
+from ..models import Event
+from ..store import aggregate
 from .filters import EventFilterSet
-from .models import Event
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,9 @@ def figure_json(incident: Incident, params: QueryDict, *, group: str = "object",
         return body
     since = filterset.form.cleaned_data.get("since")
     until = filterset.form.cleaned_data.get("until")
-    from . import columns  # numpy: imported by the processes that draw, not by every ingest job
+    from ..store import (
+        columns,  # numpy: imported by the processes that draw, not by every ingest job
+    )
 
     index = columns.load(incident.pk, version) if version is not None else None
     filters = index.filters(filterset.form.cleaned_data, [n for n, v in query if any(v)]) \
@@ -109,14 +111,14 @@ def _gantt_rows(queryset, index, window, *, text: bool):
 
 def build_column_index(incident_id: int) -> bool:
     """Build a large incident's column index once its uploads have finished
-    (``timelines.columns``: any later heatmap, filtered or not, is counted from it in
+    (``timelines.store.columns``: any later heatmap, filtered or not, is counted from it in
     milliseconds); returns whether it did. Does nothing while an upload of the incident is
     still being read, for a small incident (its Gantt is quick) or one deleted meanwhile."""
     incident = _large_and_settled(incident_id)
     version = aggregate.data_version(incident_id) if incident is not None else None
     if version is None:
         return False
-    from . import columns
+    from ..store import columns
 
     try:
         columns.build(incident_id, version)

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 
 from django.db.models import Q, QuerySet
 
+from ..models import Event
+from ..parsers.events.state import relations
 from .diff import NoVersion, object_version
-from .models import Event
-from .parsers.events.state import relations
 
 Key = tuple[str, str, str]  # resource, namespace, name
 

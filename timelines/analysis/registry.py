@@ -78,12 +78,16 @@ def still_reading(incident_id: int) -> bool:
 
 def prepare_reads(incident_id: int) -> None:
     """What the first answer needs once every file is stored: the years of logs that had none
-    settled (``ingest.settle_years``: it moves rows) and the planner's statistics of time order.
-    Part of ``ready``, not of the analyses: cheap, and it changes answers or their speed."""
+    settled (``ingest.settle_years``: it moves rows), the state time points that audit requests
+    also hold folded into those requests (``statelinks``: it removes rows) and the planner's
+    statistics of time order. Part of ``ready``, not of the analyses: cheap, and it changes
+    answers or their speed."""
     from ..ingest import settle_years
     from ..ingest.store import analyze_time_order
+    from .statelinks import fold_state_into_requests
 
     settle_years(incident_id)
+    fold_state_into_requests(incident_id)
     analyze_time_order()
 
 
@@ -162,9 +166,8 @@ def _register_builtin() -> None:
         return
     _registered = True
     from ..queries import build_column_index, warm_overview
-    from . import insights, pods_views, statelinks
+    from . import insights, pods_views
 
-    after_ready("state links")(statelinks.link_state_to_requests)
     after_ready("column index")(build_column_index)
     after_ready("overview")(lambda incident_id: warm_overview(
         incident_id, cache_figures=cache_figures()))

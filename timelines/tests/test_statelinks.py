@@ -216,3 +216,25 @@ def test_a_request_of_another_time_is_not_linked(tmp_path, incident, ingest_file
         == len(requests)
     assert not Event.objects.filter(incident=incident, annotations__has_key=KEY).exists()
     assert fold_state_into_requests(incident.pk) == 0
+
+
+@pytest.mark.django_db
+def test_a_request_replaced_by_a_later_copy_keeps_the_state_it_carries(tmp_path, incident,
+                                                                       ingest_file):
+    ingest_file(incident, _bundle(tmp_path / "both.tar.gz", True, True))
+    requests = _requests()
+    carried = {r["auditID"]: Event.objects.get(incident=incident, audit_id=r["auditID"])
+               .annotations[KEY] for r in requests}
+    later = []
+    for request in requests:  # the same requests, completed a millisecond later: they replace
+        done = _at(request["stageTimestamp"]) + timedelta(milliseconds=1)
+        later.append({**request, "stageTimestamp": done.isoformat().replace("+00:00", "Z")})
+    path = tmp_path / "later.log"
+    path.write_text("".join(json.dumps(r) + "\n" for r in later))
+    ingest_file(incident, path)
+
+    for request in later:
+        row = Event.objects.get(incident=incident, audit_id=request["auditID"])
+        assert row.completed == _at(request["stageTimestamp"])  # the later copy is the row
+        assert row.annotations[KEY] == carried[request["auditID"]]
+        assert row.annotations["authorization.k8s.io/decision"] == "allow"

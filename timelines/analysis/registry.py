@@ -78,14 +78,18 @@ def still_reading(incident_id: int) -> bool:
 
 def prepare_reads(incident_id: int) -> None:
     """What the first answer needs once every file is stored: the years of logs that had none
-    settled (``ingest.years.settle_years``: it moves rows) and the planner's statistics of time
-    order. Part of ``ready``, not of the analyses: cheap, and it changes answers or their speed.
-    It names the two modules it calls, not the package ``timelines.ingest``, which hands on the
-    pipeline that calls ``complete_incident``: neither of them imports this module back."""
+    settled (``ingest.years.settle_years``: it moves rows), the state time points that audit
+    requests also hold folded into those requests (``statelinks``: it removes rows) and the
+    planner's statistics of time order. Part of ``ready``, not of the analyses: cheap, and it
+    changes answers or their speed. It names the two ingest modules it calls, not the package
+    ``timelines.ingest``, which hands on the pipeline that calls ``complete_incident``: neither of
+    them imports this module back."""
     from ..ingest.store import analyze_time_order
     from ..ingest.years import settle_years
+    from .statelinks import fold_state_into_requests
 
     settle_years(incident_id)
+    fold_state_into_requests(incident_id)
     analyze_time_order()
 
 
@@ -164,9 +168,8 @@ def _register_builtin() -> None:
         return
     _registered = True
     from ..reads.queries import build_column_index, warm_overview
-    from . import insights, pods_views, statelinks
+    from . import insights, pods_views
 
-    after_ready("state links")(statelinks.link_state_to_requests)
     after_ready("column index")(build_column_index)
     after_ready("overview")(lambda incident_id: warm_overview(
         incident_id, cache_figures=cache_figures()))

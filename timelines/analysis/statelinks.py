@@ -1,35 +1,57 @@
-"""A time point of an object's state that an audit log of the same incident also holds is linked
-to the request (issue 19: "a time point that audit logs also hold is linked to it, not shown as a
-second fact").
+"""A time point of an object's state that an audit log of the same incident also holds is one
+fact, the request's (issue 19: "a time point that audit logs also hold is linked to it, not shown
+as a second fact").
 
 A ``Created`` state row (the object's ``creationTimestamp``) is the create request that made the
 object; a ``DeletionRequested`` row (``deletionTimestamp``, which is the request's time plus the
 grace period) is its delete request. The request matches when it is of the same object (its uid,
 else resource, namespace and name; a create of a ``generateName`` object names it only in its
 response body, read then) and its time is within ``TOLERANCE`` of the state row's (object times
-have whole seconds). The state row's annotations then carry ``request`` (the request's event id)
-and ``request_audit_id`` (its auditID), and the event detail (``GET /api/v1/events/{id}/``) shows
-the request as ``request`` (computed there from the same rule while the link is not stored yet).
+have whole seconds).
 
-It runs after each upload is ready (``registry``), over the whole incident, so the link is made
-whichever file arrives first; a linked row is not looked at again.
+``fold_state_into_requests`` then makes the request carry the state row: the row's fact goes
+into the request's ``annotations[KEY]`` (a list: reason, time, message, severity, the snapshot's
+file and line, the row's identity and annotations), annotations and sequence steps on the row
+name the request, and the row is removed, as a row whose identity another upload holds is when a
+year is settled (``ingest.years``). Lists, figures, counts, exports, the column index and
+``?kind=state`` then hold the fact once, as the request; the request's detail
+(``GET /api/v1/events/{id}/``) says ``also: Created at T from snapshot FILE:LINE``. It runs where
+the years are settled, when every upload of the incident is stored and before the analyses
+(``registry.prepare_reads``), over the whole incident, so the audit log and the bundle may arrive
+in either order; the uploads that lost rows get a new ``finished_at`` (a new data version: the
+column index and cached figures of the rows before are not used again) and ``new_events`` less
+the rows folded. Until then a state row's detail shows its request as ``request``, computed by
+``request_of``. Folding again changes nothing; a bundle ingested again is folded again.
+
+Findings that a folded row gave (a deletion still pending at capture: stuck terminating) read the
+fact from the request (``folded_rows``).
 """
 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from ..models import Event
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from incidents.models import Annotation, SequenceStep, Upload
+
+from ..models import BodyChunk, Event
 
 TOLERANCE = timedelta(seconds=2)
 VERBS = {"Created": "create", "DeletionRequested": "delete"}
+KEY = "linked_state"  # in a request's annotations: the state facts it carries
 _GRACE = re.compile(r"grace period (\d+) s")
+_STATE_FIELDS = ("id", "reason", "resource", "namespace", "name", "object_uid", "received",
+                 "completed", "message", "severity", "annotations", "audit_id", "source", "line",
+                 "upload_id", "body_chunk")
 
 
-def link_state_to_requests(incident_id: int) -> int:
-    """Link the incident's ``Created``/``DeletionRequested`` state rows to their requests;
-    returns how many were linked."""
+def fold_state_into_requests(incident_id: int) -> int:
+    """Fold the incident's ``Created``/``DeletionRequested`` state rows that an audit request
+    also holds into that request; returns how many were folded."""
     requests = list(Event.objects.filter(
         incident_id=incident_id, kind=Event.Kind.AUDIT, verb__in=VERBS.values(),
         subresource="").exclude(code__gte=300).only(
@@ -38,10 +60,8 @@ def link_state_to_requests(incident_id: int) -> int:
     if not requests:
         return 0
     states = list(Event.objects.filter(
-        incident_id=incident_id, kind=Event.Kind.STATE, reason__in=tuple(VERBS)).exclude(
-        annotations__has_key="request").only(
-        "id", "reason", "resource", "namespace", "name", "object_uid", "received", "message",
-        "annotations"))
+        incident_id=incident_id, kind=Event.Kind.STATE, reason__in=tuple(VERBS)).only(
+        *_STATE_FIELDS))
     if not states:
         return 0
     by_uid: dict[tuple[str, str], list[Event]] = {}
@@ -56,26 +76,107 @@ def link_state_to_requests(incident_id: int) -> int:
         elif request.verb == "create":
             nameless.setdefault((request.verb, request.resource, request.namespace),
                                 []).append(request)
-    linked = 0
+    pairs = []
     for state in states:
         verb = VERBS[state.reason]
         near = [*by_uid.get((verb, state.object_uid), ()),
                 *by_name.get((verb, state.resource, state.namespace, state.name), ()),
                 *nameless.get((verb, state.resource, state.namespace), ())]
         request = _pick(state, near)
-        if request is None:
-            continue
-        annotations = {**state.annotations, "request": request.pk,
-                       "request_audit_id": request.audit_id}
-        Event.objects.filter(incident_id=incident_id, pk=state.pk).update(
-            annotations=annotations)
-        linked += 1
-    return linked
+        if request is not None:
+            pairs.append((state, request))
+    folded = 0
+    for state, request in pairs:
+        folded += _fold(incident_id, state, request)
+    return folded
+
+
+
+def _fold(incident_id: int, state: Event, request: Event) -> int:
+    """Move one state row's fact into its request, in one transaction; 0 when another call
+    folded it meanwhile."""
+    with transaction.atomic():
+        gone = Event.objects.filter(incident_id=incident_id, pk=state.pk)._raw_delete(
+            Event.objects.db)
+        if not gone:
+            return 0
+        row = Event.objects.select_for_update().filter(
+            incident_id=incident_id, pk=request.pk).only("annotations").first()
+        if row is None:  # cannot be while the incident exists; keep the fact then
+            transaction.set_rollback(True)
+            return 0
+        carried = list(row.annotations.get(KEY) or [])
+        if not any(fact.get("audit_id") == state.audit_id for fact in carried):
+            carried.append(_fact(state))
+        Event.objects.filter(incident_id=incident_id, pk=request.pk).update(
+            annotations={**row.annotations, KEY: carried})
+        Annotation.objects.filter(event_id=state.pk).update(event_id=request.pk)
+        SequenceStep.objects.filter(event_id=state.pk).update(event_id=request.pk)
+        if state.body_chunk is not None and not Event.objects.filter(
+                incident_id=incident_id, body_chunk=state.body_chunk).exists():
+            BodyChunk.objects.filter(pk=state.body_chunk).delete()
+        if state.upload_id is not None:
+            upload = Upload.objects.filter(pk=state.upload_id)
+            parent = upload.values_list("parent_id", flat=True).first()
+            Upload.objects.filter(pk__in=[state.upload_id, *([parent] if parent else [])],
+                                  new_events__gt=0).update(new_events=F("new_events") - 1)
+            # a new data version: what was counted or indexed with the row is not used again
+            upload.update(finished_at=timezone.now())
+    return 1
+
+
+def _fact(state: Event) -> dict:
+    """What a request keeps of a state row folded into it."""
+    return {"reason": state.reason, "received": state.received.isoformat(),
+            "completed": state.completed.isoformat() if state.completed else None,
+            "message": state.message, "severity": state.severity, "resource": state.resource,
+            "namespace": state.namespace, "name": state.name, "object_uid": state.object_uid,
+            "source": state.source, "line": state.line, "upload": state.upload_id,
+            "audit_id": state.audit_id, "annotations": state.annotations}
+
+
+def carried_facts(event: Event) -> list[str]:
+    """The state facts a request carries, as its detail says them ("Created at T from snapshot
+    FILE:LINE")."""
+    if event.kind != Event.Kind.AUDIT:
+        return []
+    said = []
+    for fact in event.annotations.get(KEY) or []:
+        where = f"{fact.get('source')}:{fact.get('line')}" if fact.get("source") else "a bundle"
+        text = f"{fact.get('reason')} at {fact.get('received')} from snapshot {where}"
+        if fact.get("message"):
+            text += f" ({fact['message']})"
+        said.append(text)
+    return said
+
+
+def folded_rows(events, fields: tuple[str, ...]) -> list[dict]:
+    """The state rows folded into the requests of ``events`` (a queryset of an incident's
+    events), as ``events.values(*fields)`` gave them before: the request's id, the row's kind,
+    times and fields, and its annotations with ``request``."""
+    rows = []
+    for pk, audit_id, kept in events.filter(
+            kind=Event.Kind.AUDIT, annotations__has_key=KEY).values_list(
+            "pk", "audit_id", "annotations"):
+        for fact in kept.get(KEY) or []:
+            row = {"id": pk, "kind": Event.Kind.STATE,
+                   "received": datetime.fromisoformat(fact["received"]),
+                   "completed": (datetime.fromisoformat(fact["completed"])
+                                 if fact.get("completed") else None),
+                   "code": None, "count": None, "node": "", "component": "",
+                   "annotations": {**(fact.get("annotations") or {}), "request": pk,
+                                   "request_audit_id": audit_id}}
+            for name in ("reason", "message", "severity", "resource", "namespace", "name",
+                         "source"):
+                row[name] = fact.get(name, "")
+            rows.append({name: row.get(name) for name in fields})
+    return rows
 
 
 def request_of(event: Event) -> Event | None:
-    """The request a state row is linked to; computed here when the link is not stored yet (the
-    analysis has not run), so the event detail answers the same either way."""
+    """The request a state row will be folded into, while it is not yet (the incident's
+    uploads not all stored), so that its detail names the request from the first answer; a row
+    linked by an earlier version names it in ``annotations.request``."""
     if event.kind != Event.Kind.STATE or event.reason not in VERBS:
         return None
     requests = Event.objects.filter(incident_id=event.incident_id, kind=Event.Kind.AUDIT)

@@ -21,6 +21,7 @@ from incidents.notes import format_time
 
 from .common import MAX_BODIES, MAX_LISTED, insight, plural, read_bodies, rfc3339
 from .problems import LOG_SLACK, Problems, owner_of
+from .statelinks import folded_rows
 
 WORKLOADS = ("deployments", "statefulsets", "daemonsets", "replicasets")
 # node conditions of the kubelet: the status that is trouble, and how bad
@@ -60,9 +61,14 @@ def state_rows(events: QuerySet) -> list[dict]:
     # every termination (a regular container that ended well and was started again restarted
     # all the same) and every container started again (restartCount above 0)
     containers = Q(reason="ContainerTerminated") | Q(reason="ContainerStarted", count__gt=0)
-    return list(events.filter(Q(severity="Warning") | conditions | containers
+    rows = list(events.filter(Q(severity="Warning") | conditions | containers
                               | Q(reason="VersionUpdate"),
                               kind="state").order_by("received", "id").values(*_FIELDS))
+    # a deletion still pending at capture whose delete request the incident holds: its row is
+    # folded into the request (``statelinks``), the fact is the same
+    folded = [row for row in folded_rows(events, _FIELDS) if row["severity"] == "Warning"]
+    return sorted(rows + folded, key=lambda row: (row["received"], row["id"])) if folded \
+        else rows
 
 
 def _condition(row: dict) -> tuple[str, str] | None:

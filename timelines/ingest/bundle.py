@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -158,10 +159,27 @@ def finish_bundle(bundle_id: int, *, file_finished: bool = True) -> bool:
     return bool(closed)
 
 
+def bundle_progress(bundle_id: int) -> None:
+    """After a file of a bundle that cannot close yet (its files are loaded into a bulk load,
+    ``reading`` until the load ends, which closes it): only the bundle's progress."""
+    _update_progress(bundle_id)
+
+
+# bundle id → when this process last wrote its progress (time.monotonic)
+_progress_written: dict[int, float] = {}
+
+
 def _update_progress(bundle_id: int) -> None:
     """The bundle's progress is its finished files' bytes; also its heartbeat, so that a bundle
     whose files are busy on other workers is not taken for lost. At most once a second: a bundle
-    of thousands of small files would otherwise sum its files after each one."""
+    of thousands of small files would otherwise sum its files after each one. A process that
+    wrote it less than a second ago does not even ask the database (a query per small file)."""
+    now = time.monotonic()
+    if now - _progress_written.get(bundle_id, -PROGRESS_SECONDS) < PROGRESS_SECONDS:
+        return
+    if len(_progress_written) > 1000:
+        _progress_written.clear()
+    _progress_written[bundle_id] = now
     recent = timezone.now() - timedelta(seconds=PROGRESS_SECONDS)
     if Upload.objects.filter(pk=bundle_id, heartbeat_at__gt=recent).exists():
         return

@@ -42,7 +42,7 @@ from ..parsers import (
     read_head,
 )
 from ..parsers.base import CopyRows
-from .bundle import finish_bundle, free_files, remove_work_dir, unpack_upload
+from .bundle import bundle_progress, finish_bundle, free_files, remove_work_dir, unpack_upload
 from .store import (
     CHUNK_ROWS,
     ChunkIds,
@@ -122,7 +122,10 @@ def ingest_upload(upload_id: int, claimant: str | None = None,
             finish_bundle(upload.pk)
         else:
             _run(upload, on_progress, table)
-            if upload.parent_id is not None:
+            if upload.parent_id is not None and table is not None:
+                # loaded files stay ``reading`` until the load ends, which closes the bundle
+                bundle_progress(upload.parent_id)
+            elif upload.parent_id is not None:
                 finish_bundle(upload.parent_id)
     except Exception as exc:
         # An error caused by the row's deletion (IncidentGone, UploadGone, or one of their
@@ -223,14 +226,18 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     report = Report(upload.name)
     head = read_head(path)
     parser = detect(head, upload.name)
-    Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0, event_count=0,
-                                               format=parser.name if parser else "")
+    fmt = parser.name if parser else ""
+    if total >= THREAD_MIN_BYTES:
+        # what the upload's progress shows while it is read; a small file (a bundle holds
+        # thousands) is read in a moment, and its outcome says the same (``_finish``)
+        Upload.objects.filter(pk=upload.pk).update(bytes_total=total, bytes_read=0,
+                                                   event_count=0, format=fmt)
     if parser is None:
         reason = describe_unknown(path, head)
         if upload.parent_id is not None:  # a bundle's file that holds nothing we read: listed
-            _finish(upload, Upload.Status.SKIPPED, report, message=reason)
+            _finish(upload, Upload.Status.SKIPPED, report, message=reason, fmt=fmt, total=total)
         else:
-            _finish(upload, Upload.Status.FAILED, report,
+            _finish(upload, Upload.Status.FAILED, report, fmt=fmt, total=total,
                     message=f"{upload.name}: not evidence Hindsight reads ({reason})")
         return
     # The rest of the incident gives a year to a log that has none of its own (read only then).
@@ -269,7 +276,7 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
         writer.finish()
         writer.note_replaced(report)
         _finish(upload, Upload.Status.FAILED, report, message=str(exc),
-                rows=progress.rows, new=writer.new_rows)
+                rows=progress.rows, new=writer.new_rows, fmt=fmt, total=total)
         return
     except BaseException:
         writer.abandon()
@@ -277,7 +284,7 @@ def _run(upload: Upload, on_progress: Callable[[int, int, int], None] | None = N
     writer.note_replaced(report)
     progress.parsed(total, progress.rows)
     _finish(upload, Upload.Status.DONE, report, rows=progress.rows, new=writer.new_rows,
-            bytes_read=total, table=table)
+            bytes_read=total, table=table, fmt=fmt, total=total)
     if (connection.vendor == "postgresql" and table is None
             and writer.new_rows >= ANALYZE_AFTER_ROWS):
         # Fresh statistics now, not whenever autovacuum comes by: without them the planner
@@ -296,7 +303,8 @@ def _hints(stored: dict) -> ParseHints | None:
 
 
 def _finish(upload: Upload, status: str, report: Report, *, message: str = "", rows: int = 0,
-            new: int = 0, bytes_read: int | None = None, table: str | None = None) -> None:
+            new: int = 0, bytes_read: int | None = None, table: str | None = None,
+            fmt: str | None = None, total: int | None = None) -> None:
     """The end of reading a file. ``status`` done means stored: the row says ``running`` at
     stage ``ready`` (``done`` comes with ``complete``, after the analyses), or, loaded into a
     bulk load ``table``, still ``reading`` until the load is attached (``bulk.finish_load``)."""
@@ -310,6 +318,10 @@ def _finish(upload: Upload, status: str, report: Report, *, message: str = "", r
                   hints=record_guess(upload.hints, report.year_guess))
     if bytes_read is not None:
         fields["bytes_read"] = bytes_read
+    elif total is not None:
+        fields["bytes_read"] = 0
+    if fmt is not None:  # the file was opened: what it is (and its size) are known
+        fields.update(format=fmt, bytes_total=total)
     # The original may hold secrets; what is kept is the redacted evidence in the store. Removed
     # before the outcome is written (``bundle.free_files``).
     fields.update(free_files(upload))

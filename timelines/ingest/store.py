@@ -92,9 +92,25 @@ class MergeRule:
     def on_conflict(self, table: str = "timelines_event") -> str:
         """The ``ON CONFLICT`` clause of an ``INSERT INTO table``: the rule, with every column
         but the incident taken from the newcomer."""
-        update = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS if c != "incident_id")
+        update = ", ".join(f"{c} = EXCLUDED.{c}" if c != "annotations"
+                           else f"annotations = {self._annotations_sql(table)}"
+                           for c in COLUMNS if c != "incident_id")
         return (f"ON CONFLICT ({', '.join(self.identity)}) DO UPDATE SET {update}"
                 f" WHERE {self.replaces_sql('EXCLUDED', table)}")
+
+
+    @staticmethod
+    def _annotations_sql(table: str) -> str:
+        """The newcomer's annotations, keeping the state facts that the kept row carries
+        (``analysis.statelinks``: their rows were folded into it and are gone)."""
+        key = "linked_state"
+        if connection.vendor == "postgresql":
+            return (f"CASE WHEN {table}.annotations -> '{key}' IS NULL THEN EXCLUDED.annotations"
+                    f" ELSE EXCLUDED.annotations || jsonb_build_object('{key}',"
+                    f" {table}.annotations -> '{key}') END")
+        return (f"CASE WHEN json_extract({table}.annotations, '$.{key}') IS NULL"
+                f" THEN EXCLUDED.annotations ELSE json_set(EXCLUDED.annotations, '$.{key}',"
+                f" json(json_extract({table}.annotations, '$.{key}'))) END")
 
 
 _FINAL_RANK = max(STAGE_RANK.values())

@@ -27,11 +27,22 @@ class EventSerializer(serializers.ModelSerializer):
 class EventDetailSerializer(EventSerializer):
     body = serializers.SerializerMethodField(help_text="the stored audit event, redacted")
     request = serializers.SerializerMethodField(
-        help_text="state Created/DeletionRequested: the audit request that made it, if the "
+        help_text="state Created/DeletionRequested not yet folded into its request: the audit "
+                  "request that made it, if the "
                   "incident holds it ({id, audit_id, verb, user, received})")
 
+    also = serializers.SerializerMethodField(
+        help_text="a create or delete request: the state time points of its object that it "
+                  "carries (a bundle's snapshot said the same), e.g. \"Created at T from "
+                  "snapshot FILE:LINE\"; the facts themselves in annotations.linked_state")
+
     class Meta(EventSerializer.Meta):
-        fields = [*EventSerializer.Meta.fields, "incident", "body", "request"]
+        fields = [*EventSerializer.Meta.fields, "incident", "body", "request", "also"]
+
+    def get_also(self, event: Event) -> list[str]:
+        from .analysis.statelinks import carried_facts
+
+        return carried_facts(event)
 
     def get_body(self, event: Event) -> dict | None:
         return event.body()

@@ -40,7 +40,7 @@ class EventDetailSerializer(EventSerializer):
         fields = [*EventSerializer.Meta.fields, "incident", "body", "request", "also"]
 
     def get_also(self, event: Event) -> list[str]:
-        from .analysis.statelinks import carried_facts
+        from ..analysis.statelinks import carried_facts
 
         return carried_facts(event)
 

@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+# A batch that completes requests stored by an earlier one replaces their rows, and the body
+# chunks no row points at any more are deleted (``store._delete_orphan_chunks``): without this
+# index, finding whether any row still points at a chunk read the whole slot, for every batch
+# (at 800,000 requests in one hour's slot, under 1,300 events/s where 60,000 took 6,400).
+CHUNK_INDEX = "CREATE INDEX IF NOT EXISTS {slot}_chunk ON {slot} (body_chunk)"
+
+
 def stream_table(stream_id: int) -> str:
     return f"streams_event_{int(stream_id)}"
 
@@ -95,6 +102,7 @@ def create_stream(name: str, team, *, retention_hours: int = 24,
                     # read every event of the stream (at 60,000 events: 55-69 ms and 51-56 ms;
                     # with it 0.6-4 ms and 0.9-1 ms), a day of a busy one hundreds of millions.
                     cursor.execute(f"CREATE INDEX {slot}_time ON {slot} (received, id)")
+                    cursor.execute(CHUNK_INDEX.format(slot=slot))
     return stream, token
 
 

@@ -232,3 +232,42 @@ def test_a_gzipped_batch_is_taken_and_a_gzip_bomb_answers_413(stream_of, post_ba
     answer = post_batch(stream.pk, bomb, token, Content_Encoding="gzip")
     assert answer.status_code == 413
     assert "once unzipped" in answer.json()["detail"]
+
+
+def test_a_batch_completing_earlier_requests_finds_their_orphan_chunks_by_the_slots_index(
+        stream_of, post_batch, fixtures_dir):
+    """A stream's batches complete the requests of the batches before them; the chunks no row
+    points at any more are deleted, found by the slot table's index on the chunk, not by reading
+    the whole slot."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from timelines.models import BodyChunk
+
+    lines = fixture_events(fixtures_dir / "audit" / "openshift-requestresponse.log")
+    events = [orjson.loads(line) for line in lines]
+    stream, token = stream_of()
+    received = [orjson.dumps({**e, "stage": "RequestReceived"}) for e in events]
+    assert post_batch(stream.pk, event_list(received), token).status_code == 200
+    slots = store.incident_ids(stream)
+    first_chunks = set(BodyChunk.objects.filter(incident_id__in=slots).values_list("id", flat=True))
+    with CaptureQueriesContext(connection) as queries:
+        assert post_batch(stream.pk, event_list(lines), token).status_code == 200
+    # every request completed: the RequestReceived chunks are orphans, and deleted
+    left = set(BodyChunk.objects.filter(incident_id__in=slots).values_list("id", flat=True))
+    assert first_chunks and not first_chunks & left
+    deletes = [q["sql"] for q in queries.captured_queries
+               if q["sql"].startswith("DELETE FROM timelines_bodychunk c")]
+    assert deletes
+    for segment in stream.segments.all():
+        table = store.slot_table(stream.pk, segment.slot)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [table])
+            assert any("(body_chunk)" in row[0] for row in cursor.fetchall()), table
+    for sql in deletes:
+        assert "FROM timelines_event e" not in sql and "streams_event_" in sql
+        with connection.cursor() as cursor:  # whether the probe can use it, whatever the size
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN " + sql.replace("DELETE FROM", "SELECT 1 FROM", 1))
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "_chunk" in plan, plan

@@ -427,21 +427,31 @@ def _merge_postgres(text: str, chunk_ids: list[int], incident_id: int,
         if unused:
             cursor.execute("DELETE FROM timelines_bodychunk WHERE id = ANY(%s)", [unused])
         if replaced:
-            _delete_orphan_chunks(cursor, [c for c in replaced if c is not None], incident)
+            _delete_orphan_chunks(cursor, [c for c in replaced if c is not None], incident,
+                                  partition)
         return new
 
 
-def _delete_orphan_chunks(cursor, candidates: list[int], incident_id: int | None = None) -> None:
+def _delete_orphan_chunks(cursor, candidates: list[int], incident_id: int | None = None,
+                          partition: str | None = None) -> None:
     """Delete the chunks among ``candidates`` that no event points at any more (their events were
-    completed by a later stage from another file). Rare, so a scan is affordable. ``incident_id``
-    (the one incident the candidates are of, when the caller knows it) limits the scan to its
-    partition (see ``_merge_postgres``)."""
-    if candidates:
-        only = "" if incident_id is None else f" AND e.incident_id = {int(incident_id)}"
+    completed by a later stage from another file). Rare for uploads, so a scan of the incident's
+    partition is affordable there (``incident_id``, when the caller knows the one incident the
+    candidates are of, limits it to that partition). A stream's batches complete the requests of
+    the batches before them all the time: ``partition`` (its slot's table) has an index on the
+    chunk (``streams.store.CHUNK_INDEX``), which answers by a probe instead."""
+    if not candidates:
+        return
+    if partition is not None:
         cursor.execute(
             "DELETE FROM timelines_bodychunk c WHERE c.id = ANY(%s) AND NOT EXISTS"
-            " (SELECT 1 FROM timelines_event e WHERE e.incident_id = c.incident_id"
-            f"{only} AND e.body_chunk = c.id)", [candidates])
+            f" (SELECT 1 FROM {partition} e WHERE e.body_chunk = c.id)", [candidates])
+        return
+    only = "" if incident_id is None else f" AND e.incident_id = {int(incident_id)}"
+    cursor.execute(
+        "DELETE FROM timelines_bodychunk c WHERE c.id = ANY(%s) AND NOT EXISTS"
+        " (SELECT 1 FROM timelines_event e WHERE e.incident_id = c.incident_id"
+        f"{only} AND e.body_chunk = c.id)", [candidates])
 
 
 def _merge_generic(incident_id: int, upload_id: int | None, rows: Sequence[Row],

@@ -67,6 +67,25 @@ def _enqueue_here(stored: dict) -> None:
             _drainer.start()
 
 
+ROUND_REQUESTS = 8_000  # at most this many requests a round: the reads of one stay indexed
+
+
+def _take(limit: int) -> dict[str, list]:
+    """Up to ``limit`` of the pending requests, oldest batches first (under the lock)."""
+    taken: dict[str, list] = {}
+    for incident_id in list(_pending):
+        rows = _pending[incident_id]
+        room = limit - sum(len(r) for r in taken.values())
+        if room <= 0:
+            break
+        taken[incident_id] = rows[:room]
+        if len(rows) > room:
+            _pending[incident_id] = rows[room:]
+        else:
+            del _pending[incident_id]
+    return taken
+
+
 def _drain() -> None:
     global _drainer
     try:
@@ -75,8 +94,7 @@ def _drain() -> None:
                 if not _pending:
                     _drainer = None
                     return
-                taken = dict(_pending)
-                _pending.clear()
+                taken = _take(ROUND_REQUESTS)
             try:
                 detect_batch(taken)
             except Exception:

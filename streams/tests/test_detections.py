@@ -204,3 +204,13 @@ def test_the_stream_figure_stars_the_requests_its_rules_matched(
     rule = "Attach/Exec Pod"
     chosen = {e for e, names in matched.items() if rule in names}
     assert chosen and set(stars(detection=rule)) == chosen
+
+
+def test_a_round_takes_at_most_its_limit_of_requests_oldest_first(monkeypatch):
+    from streams import detect
+
+    monkeypatch.setattr(detect, "_pending", {"1": [1, 2], "2": [3, 4, 5]})
+    assert detect._take(3) == {"1": [1, 2], "2": [3]}
+    assert detect._pending == {"2": [4, 5]}
+    assert detect._take(3) == {"2": [4, 5]}
+    assert detect._pending == {}

@@ -214,3 +214,32 @@ def test_a_round_takes_at_most_its_limit_of_requests_oldest_first(monkeypatch):
     assert detect._pending == {"2": [4, 5]}
     assert detect._take(3) == {"2": [4, 5]}
     assert detect._pending == {}
+
+
+@pytest.mark.django_db
+def test_a_round_analyzes_its_slot_when_it_has_doubled(stream_of, post_batch, demo_log,
+                                                        monkeypatch):
+    from django.db import connection
+
+    from streams import detect
+
+    monkeypatch.setattr(detect, "ANALYZE_FROM", 10)
+    monkeypatch.setattr(detect, "_analyzed", {})
+    stream, token = stream_of()
+    assert post_batch(stream.pk, event_list(fixture_events(demo_log)), token).status_code == 200
+    segment = max(stream.segments.all(), key=lambda s: s.events)
+    table = store.slot_table(stream.pk, segment.slot)
+
+    def tuples():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [table])
+            return cursor.fetchone()[0]
+
+    assert tuples() <= 0  # never analyzed
+    assert detect.analyze_if_grown(segment)
+    assert tuples() == Event.objects.filter(incident_id=segment.incident_id).count()
+    assert not detect.analyze_if_grown(segment)  # not grown since
+    segment.events *= 2
+    assert detect.analyze_if_grown(segment)
+    segment.events = 0  # emptied and taken again
+    assert not detect.analyze_if_grown(segment)

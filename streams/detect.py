@@ -75,16 +75,17 @@ ROUND_REQUESTS = 8_000  # at most this many requests a round: the reads of one s
 def _take(limit: int) -> dict[str, list]:
     """Up to ``limit`` of the pending requests, oldest batches first (under the lock)."""
     taken: dict[str, list] = {}
+    room = limit
     for incident_id in list(_pending):
-        rows = _pending[incident_id]
-        room = limit - sum(len(r) for r in taken.values())
         if room <= 0:
             break
+        rows = _pending[incident_id]
         taken[incident_id] = rows[:room]
         if len(rows) > room:
-            _pending[incident_id] = rows[room:]
+            _pending[incident_id] = rows[room:]  # keeps its place: oldest first
         else:
             del _pending[incident_id]
+        room -= len(taken[incident_id])
     return taken
 
 

@@ -11,7 +11,11 @@ Adding an analysis is one line, a function of the incident's id, registered with
     @after_ready("findings")
     def refresh_findings(incident_id: int) -> None: ...
 
-in a module that this one imports (``_register_builtin`` below), or here. An analysis must be
+in a module that this one imports (``_register_builtin`` below), or here. Those registered
+``alongside=True`` (the column index, then the overview counted from it) run in a thread of their
+own beside the others, on PostgreSQL outside a caller's transaction: the others are mostly
+queries too, so the two lanes keep both CPUs busy (the detections wait for the column index they
+read, ``timelines.store.columns.wait_built``). An analysis must be
 idempotent (a lost run is run again) and must not change what reads answer, only how fast:
 every reader computes what it needs itself when an analysis has not run yet. Its failure is
 logged and does not stop the others; database connection errors propagate, so that the
@@ -22,13 +26,14 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -40,18 +45,22 @@ Analysis = Callable[[int], None]
 
 # name → analysis, in the order of registration (the order they run in)
 ANALYSES: dict[str, Analysis] = {}
+ALONGSIDE: set[str] = set()  # of those, the ones run in the thread beside the others
 
 # Whether counted figures go to a cache other processes share (``cache_figures()``).
 _cache_figures: contextvars.ContextVar[bool] = contextvars.ContextVar("cache_figures",
                                                                      default=True)
 
 
-def after_ready(name: str) -> Callable[[Analysis], Analysis]:
-    """Register ``function(incident_id)`` to run after the incident's first answer is ready."""
+def after_ready(name: str, *, alongside: bool = False) -> Callable[[Analysis], Analysis]:
+    """Register ``function(incident_id)`` to run after the incident's first answer is ready;
+    ``alongside``: in the thread beside the others (see above)."""
     def register(function: Analysis) -> Analysis:
         if name in ANALYSES and ANALYSES[name] is not function:
             raise ValueError(f"two analyses named {name!r}")
         ANALYSES[name] = function
+        if alongside:
+            ALONGSIDE.add(name)
         return function
     return register
 
@@ -110,27 +119,95 @@ def complete_incident(incident_id: int, *, cache: bool = True, again: bool = Fal
         return False
     analyses = list(registered().items())
     prepare_reads(incident_id)
+    progress = _Progress(ids, run, len(analyses))
+    # A caller's open transaction is seen by no other connection, and SQLite has one writer.
+    beside = [a for a in analyses if a[0] in ALONGSIDE] if (
+        connection.vendor == "postgresql" and not connection.in_atomic_block) else []
+    lane = _Lane(incident_id, beside, progress, cache) if beside else None
     token = _cache_figures.set(cache)
-    total = len(analyses)
     try:
-        for done, (name, analysis) in enumerate(analyses):
-            _show(ids, {"done": done, "total": total, "running": name, "run": run})
-            started = time.monotonic()
-            try:
-                analysis(incident_id)
-            except (OperationalError, InterfaceError):
-                raise
-            except Exception:  # the readers compute it themselves: never fail the ingest
-                log.exception("analysis %r of incident %s failed", name, incident_id)
-            log.info("analysis %r of incident %s: %.2f s", name, incident_id,
-                     time.monotonic() - started)
+        _run(incident_id, [a for a in analyses if a not in beside], progress)
     finally:
         _cache_figures.reset(token)
+        if lane is not None:
+            lane.join()  # its database errors are raised here, as the others' are
     Upload.objects.filter(pk__in=ids, status=Upload.Status.RUNNING,
                           stage=Upload.Stage.READY).update(
         status=Upload.Status.DONE, stage=Upload.Stage.COMPLETE,
-        analyses={"done": total, "total": total}, heartbeat_at=timezone.now())
+        analyses={"done": progress.total, "total": progress.total}, heartbeat_at=timezone.now())
     return True
+
+
+def _run(incident_id: int, analyses: list[tuple[str, Analysis]], progress: _Progress) -> None:
+    for name, analysis in analyses:
+        progress.started(name)
+        started = time.monotonic()
+        try:
+            analysis(incident_id)
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:  # the readers compute it themselves: never fail the ingest
+            log.exception("analysis %r of incident %s failed", name, incident_id)
+        finally:
+            progress.ended(name)
+        log.info("analysis %r of incident %s: %.2f s", name, incident_id,
+                 time.monotonic() - started)
+
+
+class _Progress:
+    """The uploads' ``analyses`` as the two lanes go: how many are done, which are running."""
+
+    def __init__(self, ids: list[int], run: str, total: int) -> None:
+        self.ids, self.run, self.total = ids, run, total
+        self.done = 0
+        self.running: list[str] = []
+        self.lock = threading.Lock()
+
+    def started(self, name: str) -> None:
+        with self.lock:
+            self.running.append(name)
+            self._show()
+
+    def ended(self, name: str) -> None:
+        with self.lock:
+            self.running.remove(name)
+            self.done += 1
+
+    def _show(self) -> None:
+        _show(self.ids, {"done": self.done, "total": self.total,
+                         "running": ", ".join(self.running), "run": self.run})
+
+
+class _Lane(threading.Thread):
+    """The analyses registered ``alongside``, in a thread of their own with its own database
+    connection; the column index's build is announced before it starts, so that whatever
+    reads the index waits for it (``columns.wait_built``) instead of finding none."""
+
+    def __init__(self, incident_id: int, analyses: list[tuple[str, Analysis]],
+                 progress: _Progress, cache: bool) -> None:
+        super().__init__(name=f"analyses-{incident_id}", daemon=True)
+        from ..store import columns
+
+        self.incident_id, self.analyses, self.progress = incident_id, analyses, progress
+        self.context = contextvars.copy_context()
+        self.context.run(_cache_figures.set, cache)
+        self.error: BaseException | None = None
+        self.built = columns.announce_build(incident_id)
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.context.run(_run, self.incident_id, self.analyses, self.progress)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self.error = exc
+        finally:
+            self.built()
+            connections.close_all()
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 def _claim(ids: list[int], run: str) -> bool:
@@ -170,8 +247,8 @@ def _register_builtin() -> None:
     from ..reads.queries import build_column_index, warm_overview
     from . import insights, pods_views
 
-    after_ready("column index")(build_column_index)
-    after_ready("overview")(lambda incident_id: warm_overview(
+    after_ready("column index", alongside=True)(build_column_index)
+    after_ready("overview", alongside=True)(lambda incident_id: warm_overview(
         incident_id, cache_figures=cache_figures()))
     after_ready("insights")(insights.refresh_after_ingest)
     after_ready("pod facts")(lambda incident_id: cache_figures() and pods_views.warm(incident_id))

@@ -168,6 +168,38 @@ class UnusualValues(ValueError):
     """A field value holds the separator of signatures: no index for this incident."""
 
 
+# Builds announced in this process (``announce_build``): incident → set once it has ended.
+_announced: dict[int, list[threading.Event]] = {}
+_announced_lock = threading.Lock()
+
+
+def announce_build(incident_id: int):
+    """Say that a thread of this process is about to build (or decide not to build) the
+    incident's index; returns the function that thread calls when it has ended."""
+    ended = threading.Event()
+    with _announced_lock:
+        _announced.setdefault(incident_id, []).append(ended)
+
+    def done() -> None:
+        ended.set()
+        with _announced_lock:
+            waiting = _announced.get(incident_id, [])
+            if ended in waiting:
+                waiting.remove(ended)
+            if not waiting:
+                _announced.pop(incident_id, None)
+    return done
+
+
+def wait_built(incident_id: int, timeout: float = 3600) -> None:
+    """Wait for the builds of the incident's index announced in this process (none: at once),
+    so that a reader finds the index they are writing instead of none."""
+    with _announced_lock:
+        waiting = list(_announced.get(incident_id, []))
+    for ended in waiting:
+        ended.wait(timeout)
+
+
 def build(incident_id: int, version: str) -> Path | None:
     """Write the column index of the incident's events as they are at ``version`` (the caller
     knows no upload is running, see ``aggregate.data_version``) and remove older versions.

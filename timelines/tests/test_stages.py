@@ -164,3 +164,68 @@ def test_the_incident_page_shows_the_analyses_behind_a_ready_upload(incident, de
     row = page[page.index(f'data-upload="{upload.pk}"'):].split(">", 1)[0]
     assert 'data-finished="0"' in row and 'data-ready="1"' in row
     assert 'id="reload-hint"' in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_analyses_registered_alongside_run_in_a_lane_beside_the_others(incident, demo_log,
+                                                                        monkeypatch):
+    """On PostgreSQL outside a caller's transaction, the ``alongside`` analyses (the column
+    index, the overview) run in a thread of their own while the others run; a reader of the
+    column index in the other lane waits for that lane (``columns.wait_built``)."""
+    import threading
+
+    from timelines.store import columns
+
+    other_started = threading.Event()
+    seen = []
+    insights = registered()["insights"]  # the other lane's first
+
+    def insights_first(incident_id: int) -> None:
+        other_started.set()
+        insights(incident_id)
+
+    monkeypatch.setitem(registry.ANALYSES, "insights", insights_first)
+
+    @after_ready("test beside", alongside=True)
+    def beside(incident_id: int) -> None:
+        seen.append(("beside", threading.current_thread().name,
+                     other_started.wait(20)))  # the other lane runs meanwhile
+
+    @after_ready("test reader")
+    def reader(incident_id: int) -> None:
+        columns.wait_built(incident_id)
+        seen.append(("reader", threading.current_thread().name, len(seen)))
+
+    try:
+        ready_upload(incident, demo_log)
+        assert complete_incident(incident.pk)
+        total = len(registered())
+    finally:
+        registry.ANALYSES.pop("test beside")
+        registry.ANALYSES.pop("test reader")
+        registry.ALONGSIDE.discard("test beside")
+    assert seen == [("beside", f"analyses-{incident.pk}", True),
+                    ("reader", threading.current_thread().name, 1)]
+    assert columns._announced == {}
+    upload = incident.uploads.get()
+    assert (upload.status, upload.stage) == ("done", "complete")
+    assert upload.analyses == {"done": total, "total": total}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_in_the_lane_beside_fails_the_completion(incident, demo_log):
+    from django.db import OperationalError
+
+    @after_ready("test lost database", alongside=True)
+    def lost(incident_id: int) -> None:
+        raise OperationalError("connection lost")
+
+    try:
+        ready_upload(incident, demo_log)
+        with pytest.raises(OperationalError):
+            complete_incident(incident.pk)
+    finally:
+        registry.ANALYSES.pop("test lost database")
+        registry.ALONGSIDE.discard("test lost database")
+    upload = incident.uploads.get()
+    assert (upload.status, upload.stage) == ("running", "ready")  # a retry completes it

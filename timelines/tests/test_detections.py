@@ -64,6 +64,34 @@ def test_the_column_index_decides_as_the_database_does(falco, incident):
     assert by_index.bodies_read == by_database.bodies_read
 
 
+def test_detection_insights_group_by_object_from_the_index_as_from_the_rows(falco, incident,
+                                                                           monkeypatch):
+    """The objects of a rule's matches, their order, ids and texts: the same from the column
+    index's signatures as from the matched rows."""
+    from timelines.detections import incident as module
+    from timelines.store import columns
+    from timelines.store.aggregate import data_version
+
+    ruleset = ruleset_for(incident.pk)
+    found = evaluate(incident.pk, ruleset)
+    from_rows = module.detection_insights(incident.pk, ruleset, found)
+    assert columns.build(incident.pk, data_version(incident.pk)) is not None
+    read = []
+    monkeypatch.setattr(module, "_objects_from_rows",
+                        lambda *args: read.append(args) or pytest.fail("rows read"))
+    monkeypatch.setattr(module, "MAX_GROUPS", 2)  # some rules tell the rest in one more
+    few = module.detection_insights(incident.pk, ruleset, found)
+    monkeypatch.setattr(module, "MAX_GROUPS", 30)
+    assert module.detection_insights(incident.pk, ruleset, found) == from_rows
+    assert not read
+    assert any(i["title"] == i["rule"] and "more requests on" in i["explanation"] for i in few)
+    counted = defaultdict(int)
+    for item in few:
+        counted[item["rule"]] += item["event_count"]
+        assert set(item["events"]) <= set(found.ids[item["rule"]])
+    assert dict(counted) == {r: len(set(i)) for r, i in found.ids.items() if i}
+
+
 def test_detections_are_insights_and_filter_events(falco, incident, fixtures_dir, api):
     expected = expected_matches(fixtures_dir, ruleset_for(incident.pk))
     insights.refresh(incident.pk)

@@ -42,6 +42,7 @@ from timelines.parsers import Redactor, Report
 from timelines.parsers.audit import NativeEvents
 
 from .detect import enqueue as enqueue_detections
+from .detect import receiving
 from .models import Stream, hash_token
 from .store import write_batch
 
@@ -125,21 +126,23 @@ def receive_audit(drf_request, stream_pk: int):
         if len(body) > limit:
             return _error(413, f"a batch over the limit of {limit} bytes once unzipped"
                                " (HINDSIGHT_STREAM_MAX_BATCH_BYTES)")
-    rows, problem = parse_batch(body, f"stream {stream.name}")
-    if problem:
-        return _error(400, problem)
-    semaphore = _semaphore()
-    if not semaphore.acquire(timeout=settings.STREAM_QUEUE_SECONDS):
-        return _error(429, "too many batches at once; send it again later",
-                      Retry_After=str(settings.STREAM_RETRY_AFTER))
-    try:
-        written = write_batch(stream, rows)
-    except TRANSIENT_ERRORS as exc:
-        log.warning("stream %s: batch not stored, database unavailable: %s", stream.pk, exc)
-        return _error(503, "the database is unavailable; send it again later",
-                      Retry_After=str(settings.STREAM_RETRY_AFTER))
-    finally:
-        semaphore.release()
+    with receiving():  # this process's detection round gives way meanwhile
+        rows, problem = parse_batch(body, f"stream {stream.name}")
+        if problem:
+            return _error(400, problem)
+        semaphore = _semaphore()
+        if not semaphore.acquire(timeout=settings.STREAM_QUEUE_SECONDS):
+            return _error(429, "too many batches at once; send it again later",
+                          Retry_After=str(settings.STREAM_RETRY_AFTER))
+        try:
+            written = write_batch(stream, rows)
+        except TRANSIENT_ERRORS as exc:
+            log.warning("stream %s: batch not stored, database unavailable: %s", stream.pk,
+                        exc)
+            return _error(503, "the database is unavailable; send it again later",
+                          Retry_After=str(settings.STREAM_RETRY_AFTER))
+        finally:
+            semaphore.release()
     enqueue_detections(written.stored)  # stored and committed: off the answer's path
     return JsonResponse({"events": written.events, "new": written.new,
                          "too_old": written.too_old})

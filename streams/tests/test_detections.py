@@ -5,6 +5,7 @@ incident's detections find them too."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import defaultdict
 
@@ -146,7 +147,7 @@ def test_batches_stored_while_an_evaluation_runs_are_evaluated_together(settings
     started, release = threading.Event(), threading.Event()
     rounds = []
 
-    def evaluate_round(stored):
+    def evaluate_round(stored, pause=None):
         rounds.append({k: list(v) for k, v in stored.items()})
         started.set()
         release.wait(30)
@@ -243,3 +244,84 @@ def test_a_round_analyzes_its_slot_when_it_has_doubled(stream_of, post_batch, de
     assert detect.analyze_if_grown(segment)
     segment.events = 0  # emptied and taken again
     assert not detect.analyze_if_grown(segment)
+
+
+def test_a_round_gives_way_while_a_batch_is_being_received(monkeypatch):
+    """After each slice of its work a round waits while this process receives a batch (up to
+    GIVE_WAY), and does not wait when none is."""
+    from streams import detect
+
+    monkeypatch.setattr(detect, "WORK_SLICE", 0.0)
+    monkeypatch.setattr(detect, "GIVE_WAY", 30.0)
+    pause = detect.GiveWay()
+    pause()
+    assert pause.waited == 0.0  # nothing being received: no wait
+    entered, leave = threading.Event(), threading.Event()
+
+    def receive():
+        with detect.receiving():
+            entered.set()
+            leave.wait(30)
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    assert entered.wait(30)
+    threading.Timer(0.3, leave.set).start()
+    pause()  # returns once the batch is received, long before GIVE_WAY
+    receiver.join(30)
+    assert 0.2 < pause.waited < 20
+    assert detect._receiving == 0 and detect._idle.is_set()
+
+
+@pytest.mark.django_db
+def test_the_receiver_holds_the_detections_back_while_it_stores(stream_of, post_batch,
+                                                                  demo_log, monkeypatch):
+    from streams import detect, receiver
+
+    seen = []
+    real = receiver.write_batch
+
+    def write_batch(stream, rows):
+        seen.append((detect._receiving, detect._idle.is_set()))
+        return real(stream, rows)
+
+    monkeypatch.setattr(receiver, "write_batch", write_batch)
+    stream, token = stream_of()
+    assert post_batch(stream.pk, event_list(fixture_events(demo_log)), token).status_code == 200
+    assert seen == [(1, False)]
+    assert detect._receiving == 0 and detect._idle.is_set()
+    # a refused batch leaves it too
+    assert post_batch(stream.pk, b'{"kind": "EventList"}', token).status_code == 400
+    assert detect._receiving == 0 and detect._idle.is_set()
+
+
+@pytest.mark.django_db
+def test_a_round_that_gives_way_finds_the_same_matches(stream_of, post_batch, team,
+                                                       fixtures_dir):
+    stream, token = stream_of()
+    paths, lines = day_traces(fixtures_dir)
+    assert post_batch(stream.pk, event_list(lines), token).status_code == 200
+    slots = store.incident_ids(stream)
+    keys = {slot: [(r.isoformat(), a) for r, a in store.events(stream).filter(
+        incident_id=slot).values_list("received", "audit_id")] for slot in slots}
+    calls = []
+    detect_batch(keys, pause=lambda: calls.append(1))
+    assert len(calls) > 10  # between groups and bodies, not only around the round
+    assert matches_by_key(slots) == expected_matches(team, stored_lines(stream, paths))
+
+
+def test_the_detection_thread_runs_below_the_receivers():
+    from streams import detect
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = []
+
+    def run():
+        detect._lower_priority()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert seen == [min(19, base + detect.DETECT_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # not this one

@@ -38,7 +38,10 @@ class DetectionEvent(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["incident", "rule", "event_id"],
-                                name="detection_event")]
+                                name="detection_event"),
+                   # the matches of given events: a stream's round replaces those of its
+                   # requests, the figure stars its drawn events
+                   models.Index(fields=["incident", "event_id"], name="detection_event_id")]
 
     def __str__(self) -> str:
         return f"{self.rule}: event {self.event_id}"

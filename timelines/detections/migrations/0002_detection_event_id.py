@@ -1,5 +1,5 @@
-"""The matches of given events, by incident: a stream's detection round replaces those of its
-requests, and the figure stars its drawn events."""
+"""The matches indexed by event first, then rule: every reader asks for the matches of given
+events (the events filter, the events page, the figure's stars, a stream's detection round)."""
 
 from django.db import migrations, models
 
@@ -12,8 +12,10 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RemoveIndex(model_name='detectionevent', name='detection_event'),
         migrations.AddIndex(
             model_name='detectionevent',
-            index=models.Index(fields=['incident', 'event_id'], name='detection_event_id'),
+            index=models.Index(fields=['incident', 'event_id', 'rule'],
+                               name='detection_event_id'),
         ),
     ]

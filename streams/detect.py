@@ -76,10 +76,10 @@ ROUND_REQUESTS = 8_000  # at most this many requests a round: the reads of one s
 
 # Receivers first. The round shares the web process's interpreter with the receivers' threads:
 # two threads wanting it take turns (every 5 ms), so a batch received during a round took about
-# twice its time (at 6,000 events/s: ack p50 112 ms, p99 285 ms, against 61 / 138 ms without
+# twice its time (at 6,000 events/s: ack p50 112 ms, p99 285 ms, against 62 / 148 ms without
 # detections). So the round gives way: after each WORK_SLICE of its work it waits while a batch
-# is being received, up to GIVE_WAY seconds, and so runs in the time between batches, or a third
-# of the time under a load that never leaves any.
+# is being received, up to GIVE_WAY seconds, and so runs in the time between batches, or about a
+# tenth of the time under a load that never leaves any (bench/README.md, stream benchmark).
 WORK_SLICE = 0.005
 GIVE_WAY = 0.050
 _receiving = 0

@@ -255,6 +255,13 @@ STREAM_MAX_BATCH_BYTES = env_int("HINDSIGHT_STREAM_MAX_BATCH_BYTES", 64 * 1024**
 STREAM_CONCURRENCY = env_int("HINDSIGHT_STREAM_CONCURRENCY", 4)
 STREAM_QUEUE_SECONDS = 2.0
 STREAM_RETRY_AFTER = 1
+# Without a broker, where a web process runs the Falco rules over the batches it acknowledged:
+# "process" (on PostgreSQL): a child process at the lowest CPU priority (streams/detector.py);
+# "thread": a thread of the web process, which gives way to the receivers (always on SQLite).
+STREAM_DETECTIONS = env_str("HINDSIGHT_STREAM_DETECTIONS", "process")
+if STREAM_DETECTIONS not in ("process", "thread"):
+    raise ImproperlyConfigured(
+        f"HINDSIGHT_STREAM_DETECTIONS must be process or thread, not {STREAM_DETECTIONS!r}")
 
 # Celery. Without a broker the embedded default runs ingest in a thread of the same process.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")

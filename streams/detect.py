@@ -1,7 +1,8 @@
 """The Falco rules (``timelines.detections``) over a stream's batches, as they arrive.
 
 The receiver acknowledges a batch once it is stored; then (``enqueue``: on a Celery worker when
-a broker is configured, else in a thread of this process, never delaying the 200) the rules are
+a broker is configured, else by one thread of this process, never delaying the 200, which runs
+the rounds in a child process of its own on PostgreSQL, ``streams.detector``) the rules are
 evaluated over the requests of that batch only, and their matches stored for the slot's
 incident, which is what the stream's events filter ``detection=<rule>`` reads. A request whose
 stages arrive in several batches is evaluated again with each, on its merged row. A slot
@@ -74,7 +75,8 @@ def _enqueue_here(stored: dict) -> None:
 
 ROUND_REQUESTS = 8_000  # at most this many requests a round: the reads of one stay indexed
 
-# Receivers first. The round shares the web process's interpreter with the receivers' threads:
+# Receivers first, where the round runs in the web process (``HINDSIGHT_STREAM_DETECTIONS=thread``,
+# and SQLite). The round shares the web process's interpreter with the receivers' threads:
 # two threads wanting it take turns (every 5 ms), so a batch received during a round took about
 # twice its time (at 6,000 events/s: ack p50 112 ms, p99 285 ms, against 62 / 148 ms without
 # detections). So the round gives way: after each WORK_SLICE of its work it waits while a batch
@@ -151,7 +153,7 @@ def _drain() -> None:
                     return
                 taken = _take(ROUND_REQUESTS)
             try:
-                detect_batch(taken, pause=GiveWay())
+                run_round(taken)
             except Exception:
                 log.exception("detections of stream batches failed")
     except BaseException:
@@ -160,6 +162,22 @@ def _drain() -> None:
         raise
     finally:
         connection.close()
+
+
+def in_child() -> bool:
+    """Whether this process's rounds run in its child process (``streams.detector``): on
+    PostgreSQL unless ``HINDSIGHT_STREAM_DETECTIONS=thread``. SQLite has one writer, and the
+    child's writes would wait for the receivers' (or the other way round)."""
+    return settings.STREAM_DETECTIONS == "process" and connection.vendor == "postgresql"
+
+
+def run_round(taken: dict) -> dict[str, int]:
+    """One round of this process: in its child process, or here giving way to the receivers."""
+    if in_child():
+        from .detector import detector
+
+        return detector().run(taken)
+    return detect_batch(taken, pause=GiveWay())
 
 
 def _lower_priority() -> None:

@@ -28,3 +28,14 @@ def post_batch(client):
                            headers={"Authorization": f"Bearer {token}", **headers})
 
     return post
+
+
+@pytest.fixture(autouse=True)
+def _detector_stopped():
+    """A test's detection child (``streams.detector``) stops with it: it holds a connection to
+    the test database, which must be dropped at the end."""
+    yield
+    from streams import detector
+
+    if detector._detector is not None:
+        detector._detector.stop()

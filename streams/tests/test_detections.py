@@ -76,19 +76,31 @@ def stored_lines(stream, paths) -> list:
             if (row.received, row.audit_id) in kept]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_batches_are_evaluated_after_the_answer(stream_of, post_batch, team, fixtures_dir,
-                                                superuser, settings, client):
-    settings.CELERY_BROKER_URL = ""  # the thread of this process, which the test can wait for
-    stream, token = stream_of(retention_hours=6)
-    paths, lines = day_traces(fixtures_dir)
-    for start in range(0, len(lines), 40):
+def post_and_wait(post_batch, stream, token, lines, size=40):
+    """Post ``lines`` in batches of ``size``, each time waiting for the detection round of this
+    process (its thread, which waits for its child when the rounds run there)."""
+    for start in range(0, len(lines), size):
         before = {t for t in threading.enumerate() if t.name == "stream-detect"}
-        answer = post_batch(stream.pk, event_list(lines[start:start + 40]), token)
+        answer = post_batch(stream.pk, event_list(lines[start:start + size]), token)
         assert answer.status_code == 200, answer.content
         for thread in threading.enumerate():
             if thread.name == "stream-detect" and thread not in before:
                 thread.join(60)
+
+
+@pytest.mark.parametrize("where", ["process", "thread"])
+@pytest.mark.django_db(transaction=True)
+def test_batches_are_evaluated_after_the_answer(stream_of, post_batch, team, fixtures_dir,
+                                                superuser, settings, client, where):
+    settings.CELERY_BROKER_URL = ""  # this process's rounds, which the test can wait for
+    settings.STREAM_DETECTIONS = where
+    stream, token = stream_of(retention_hours=6)
+    paths, lines = day_traces(fixtures_dir)
+    post_and_wait(post_batch, stream, token, lines)
+    from streams import detector
+
+    child = detector._detector.pid if detector._detector is not None else None
+    assert (child is not None) == (where == "process")
     slots = store.incident_ids(stream)
     expected = expected_matches(team, stored_lines(stream, paths))
     assert expected  # the traces are Falco's: its rules match some of them
@@ -144,6 +156,7 @@ def test_batches_stored_while_an_evaluation_runs_are_evaluated_together(settings
     from streams import detect
 
     settings.CELERY_BROKER_URL = ""
+    settings.STREAM_DETECTIONS = "thread"  # detect_batch replaced below, in this process
     started, release = threading.Event(), threading.Event()
     rounds = []
 
@@ -325,3 +338,46 @@ def test_the_detection_thread_runs_below_the_receivers():
     thread.join(30)
     assert seen == [min(19, base + detect.DETECT_NICE)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # not this one
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rounds_run_in_a_child_process_below_the_receivers_which_is_started_again(
+        stream_of, post_batch, team, fixtures_dir, settings):
+    """On PostgreSQL without a broker a web process's rounds run in its child process, at the
+    lowest CPU priority; a child killed is started again and the next batches are evaluated;
+    a child whose input closes exits."""
+    from streams import detector
+
+    settings.CELERY_BROKER_URL = ""
+    stream, token = stream_of(retention_hours=6)
+    paths, lines = day_traces(fixtures_dir)
+    half = len(lines) // 2
+    post_and_wait(post_batch, stream, token, lines[:half])
+    child = detector.detector().process
+    assert child is not None and child.poll() is None and child.pid != os.getpid()
+    assert os.getpriority(os.PRIO_PROCESS, child.pid) == detector.NICE
+    assert os.getpriority(os.PRIO_PROCESS, 0) < detector.NICE  # the receivers' is not lowered
+    slots = store.incident_ids(stream)
+    first = DetectionEvent.objects.filter(incident_id__in=slots).count()
+    assert first
+
+    child.kill()
+    child.wait()
+    post_and_wait(post_batch, stream, token, lines[half:])
+    again = detector.detector().process
+    assert again is not None and again.pid != child.pid and again.poll() is None
+    assert matches_by_key(slots) == expected_matches(team, stored_lines(stream, paths))
+
+    detector.detector().stop()
+    assert again.wait(10) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_the_child_cannot_do_is_an_error_and_the_child_goes_on(settings):
+    from streams import detector
+
+    with pytest.raises(RuntimeError, match="stream detector: ValueError"):
+        detector.detector().run({"not an incident": [["2024-01-01T00:00:00+00:00", "a"]]})
+    process = detector.detector().process
+    assert detector.detector().run({}) == {}
+    assert detector.detector().process is process  # the same child

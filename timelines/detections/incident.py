@@ -566,19 +566,30 @@ def store_matches(incident_id: int, found: Matches) -> None:
                  for rule, ids in found.ids.items() for event_id in ids), batch_size=5000)
 
 
+COPY_ROWS = 50_000  # rows of text per write
+
+
 def copy_matches(cursor, incident_id: int, matched: dict[str, list[int]]) -> None:
     """PostgreSQL: add the matches ``matched`` (rule → event ids) of the incident, in one COPY
-    of text written a rule at a time (a row at a time took 1-2 s for 355,000)."""
+    of text (a row at a time took 1-2 s for 355,000), in the order of the matches' index
+    (incident, event, rule): each row then goes to the index's last page, where a rule after
+    another went through the index once per rule (the 354,863 matches of the ingest
+    benchmark's 500,000 requests: 0.70-0.74 s against 0.91-1.03 s)."""
     from .models import DetectionEvent
 
-    if not any(matched.values()):
+    rules = [rule for rule, ids in matched.items() if ids]
+    if not rules:
         return
+    ids = np.concatenate([np.asarray(matched[rule], dtype=np.int64) for rule in rules])
+    which = np.repeat(np.arange(len(rules)), [len(matched[rule]) for rule in rules])
+    order = np.lexsort((which, ids))
+    ids, which = ids[order].tolist(), which[order].tolist()
+    prefixes = [f"{incident_id}\t{_copy_text(rule)}\t" for rule in rules]
     with cursor.copy(f"COPY {DetectionEvent._meta.db_table} (incident_id, rule, event_id)"
                      " FROM STDIN") as copy:
-        for rule, ids in matched.items():
-            if ids:
-                prefix = f"{incident_id}\t{_copy_text(rule)}\t"
-                copy.write(prefix + f"\n{prefix}".join(map(str, ids)) + "\n")
+        for start in range(0, len(ids), COPY_ROWS):
+            copy.write("".join([f"{prefixes[rule]}{event_id}\n" for rule, event_id in zip(
+                which[start:start + COPY_ROWS], ids[start:start + COPY_ROWS], strict=True)]))
 
 
 def _copy_text(value: str) -> str:

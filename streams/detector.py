@@ -10,7 +10,7 @@ priority (nice 19): it has an interpreter of its own and takes only the CPU the 
 (bench/README.md, stream benchmark).
 
 The protocol is one JSON line each way: the parent writes a round (slot incident →
-[(received, auditID)], ``detect.detect_batch``'s argument), the child answers with the matches
+[(received, auditID)], ``rounds.detect_batch``'s argument), the child answers with the matches
 per rule, or ``{"error": …}``. The child takes its database settings from the parent (so a test
 database is the same), exits when its input closes (the parent stopped or died), and logs to
 the parent's standard error. A child that dies is started again for the next round; the round it
@@ -142,7 +142,7 @@ def main() -> None:
                         format="stream detector %(process)d: %(levelname)s %(message)s")
     from django.db import connections
 
-    from .detect import detect_batch
+    from .rounds import detect_batch
 
     for line in sys.stdin.buffer:
         try:

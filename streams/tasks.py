@@ -28,6 +28,6 @@ def apply_stream_retention() -> int:
 @shared_task(time_limit=600)
 def detect_stream_batch(stored: dict) -> dict[str, int]:
     """The Falco rules over one acknowledged batch (``streams.detect``)."""
-    from .detect import detect_batch
+    from .rounds import detect_batch
 
     return detect_batch(stored)

@@ -9,7 +9,7 @@ import pytest
 from conftest import SCREENSHOTS
 from hindsight.testing import assert_star_drawn, detection_star, star_hover_text
 from streams import store
-from streams.detect import detect_batch
+from streams.rounds import detect_batch
 from timelines.detections import rules
 from timelines.detections.models import DetectionEvent
 

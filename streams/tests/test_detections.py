@@ -14,7 +14,7 @@ import pytest
 
 from incidents.models import Incident
 from streams import store
-from streams.detect import detect_batch
+from streams.rounds import detect_batch
 from timelines.detections.incident import detections, evaluate, ruleset_of_team
 from timelines.detections.models import DetectionEvent
 from timelines.ingest.store import write_rows
@@ -235,10 +235,10 @@ def test_a_round_analyzes_its_slot_when_it_has_doubled(stream_of, post_batch, de
                                                         monkeypatch):
     from django.db import connection
 
-    from streams import detect
+    from streams import rounds
 
-    monkeypatch.setattr(detect, "ANALYZE_FROM", 10)
-    monkeypatch.setattr(detect, "_analyzed", {})
+    monkeypatch.setattr(rounds, "ANALYZE_FROM", 10)
+    monkeypatch.setattr(rounds, "_analyzed", {})
     stream, token = stream_of()
     assert post_batch(stream.pk, event_list(fixture_events(demo_log)), token).status_code == 200
     segment = max(stream.segments.all(), key=lambda s: s.events)
@@ -250,13 +250,13 @@ def test_a_round_analyzes_its_slot_when_it_has_doubled(stream_of, post_batch, de
             return cursor.fetchone()[0]
 
     assert tuples() <= 0  # never analyzed
-    assert detect.analyze_if_grown(segment)
+    assert rounds.analyze_if_grown(segment)
     assert tuples() == Event.objects.filter(incident_id=segment.incident_id).count()
-    assert not detect.analyze_if_grown(segment)  # not grown since
+    assert not rounds.analyze_if_grown(segment)  # not grown since
     segment.events *= 2
-    assert detect.analyze_if_grown(segment)
+    assert rounds.analyze_if_grown(segment)
     segment.events = 0  # emptied and taken again
-    assert not detect.analyze_if_grown(segment)
+    assert not rounds.analyze_if_grown(segment)
 
 
 def test_a_round_gives_way_while_a_batch_is_being_received(monkeypatch):

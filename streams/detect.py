@@ -164,11 +164,15 @@ def in_child() -> bool:
 
 
 def run_round(taken: dict) -> dict[str, int]:
-    """One round of this process: in its child process, or here giving way to the receivers."""
+    """One round of this process: in its child process, or here giving way to the receivers
+    (also when the child cannot run it: the round's detections are not lost)."""
     if in_child():
-        from .detector import detector
+        from .detector import DetectorGone, detector
 
-        return detector().run(taken)
+        try:
+            return detector().run(taken)
+        except DetectorGone as exc:
+            log.error("stream detector cannot run (%s); the round runs in this process", exc)
     return detect_batch(taken, pause=GiveWay())
 
 

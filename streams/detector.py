@@ -14,7 +14,9 @@ The protocol is one JSON line each way: the parent writes a round (slot incident
 per rule, or ``{"error": …}``. The child takes its database settings from the parent (so a test
 database is the same), exits when its input closes (the parent stopped or died), and logs to
 the parent's standard error. A child that dies is started again for the next round; the round it
-died in is run once more in a new one.
+died in is run once more in a new one, and if that one dies too (a child that cannot start, say
+under a server whose ``sys.executable`` is not Python), ``streams.detect`` runs the round in
+its thread instead.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from django.db import connection
 log = logging.getLogger(__name__)
 
 NICE = 19  # the child's CPU priority: what the receivers and PostgreSQL leave
+PYTHON = sys.executable  # the child's interpreter: this process's
 DATABASE_ENV = "HINDSIGHT_DETECTOR_DATABASE"  # the parent's database settings, as JSON
 
 
@@ -88,7 +91,7 @@ class Detector:
                "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE",
                                                         "hindsight.settings")}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streams.detector"], cwd=settings.BASE_DIR, env=env,
+            [PYTHON, "-m", "streams.detector"], cwd=settings.BASE_DIR, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self.process
 

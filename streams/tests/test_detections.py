@@ -381,3 +381,17 @@ def test_a_round_the_child_cannot_do_is_an_error_and_the_child_goes_on(settings)
     process = detector.detector().process
     assert detector.detector().run({}) == {}
     assert detector.detector().process is process  # the same child
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_child_that_cannot_start_leaves_the_round_to_the_thread(
+        stream_of, post_batch, team, fixtures_dir, settings, monkeypatch):
+    from streams import detector
+
+    settings.CELERY_BROKER_URL = ""
+    monkeypatch.setattr(detector, "PYTHON", "false")  # exits at once, answering nothing
+    stream, token = stream_of(retention_hours=6)
+    paths, lines = day_traces(fixtures_dir)
+    post_and_wait(post_batch, stream, token, lines)
+    assert matches_by_key(store.incident_ids(stream)) == expected_matches(
+        team, stored_lines(stream, paths))

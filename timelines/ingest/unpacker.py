@@ -668,14 +668,24 @@ _ORDER = [layout for layout, _ in _MARKERS]  # breaks a tie of votes
 
 
 def _hints_must_gather(rel: str) -> ParseHints:
-    if match := re.search(r"(?:^|/)namespaces/[^/]+/pods/[^/]+/([^/]+)/\1/logs/[^/]+$", rel):
-        return ParseHints(component=match[1])
+    if match := re.search(
+            r"(?:^|/)namespaces/([^/]+)/pods/([^/]+)/([^/]+)/\3/logs/[^/]+$", rel):
+        return ParseHints(component=match[3], pod=f"{match[1]}/{match[2]}")
     if match := re.search(r"(?:^|/)host_service_logs/[^/]+/([^/]+?)_service\.log(?:\.gz)?$", rel):
         return ParseHints(component=match[1])
     if match := re.search(r"(?:^|/)audit_logs/([^/]+)/([^/]+)$", rel):
         node = match[2].split("-audit")[0] if "-audit" in match[2] else ""
         return ParseHints(component=match[1], node=node)
     return ParseHints()
+
+
+def _node_pod(rest: str) -> str:
+    """"namespace/name" of the pod that wrote a file of a node's directory (kind), or ""."""
+    if match := re.search(r"(?:^|/)pods/([^/_]+)_([^/_]+)_[^/]+/[^/]+/\d+\.log(?:\.gz)?$", rest):
+        return f"{match[1]}/{match[2]}"
+    if match := re.search(r"(?:^|/)containers/([^/_]+)_([^/_]+)_[^/]+-[0-9a-f]{64}\.log$", rest):
+        return f"{match[2]}/{match[1]}"
+    return ""
 
 
 def _node_component(rest: str) -> str:
@@ -703,18 +713,18 @@ def _hints_node_dirs(rel: str) -> ParseHints:
         if node.lower().endswith(suffix):
             node = node[: -len(suffix)]
             break
-    return ParseHints(component=_node_component(rest), node=node)
+    return ParseHints(component=_node_component(rest), node=node, pod=_node_pod(rest))
 
 
 def _hints_troubleshoot(rel: str) -> ParseHints:
     match = re.search(
-        r"(?:^|/)cluster-resources/pods/logs/[^/]+/[^/]+/([^/]+?)(?:-previous)?\.log$", rel)
-    return ParseHints(component=match[1]) if match else ParseHints()
+        r"(?:^|/)cluster-resources/pods/logs/([^/]+)/([^/]+)/([^/]+?)(?:-previous)?\.log$", rel)
+    return ParseHints(component=match[3], pod=f"{match[1]}/{match[2]}") if match else ParseHints()
 
 
 def _hints_sonobuoy(rel: str) -> ParseHints:
-    if match := re.fullmatch(r"podlogs/[^/]+/[^/]+/logs/([^/]+)\.txt", rel):
-        return ParseHints(component=match[1])
+    if match := re.fullmatch(r"podlogs/([^/]+)/([^/]+)/logs/([^/]+)\.txt", rel):
+        return ParseHints(component=match[3], pod=f"{match[1]}/{match[2]}")
     if match := re.match(r"plugins/systemd[-_]logs/results/(?:global/)?([^/]+?)(?:\.json)?(?:/|$)",
                          rel):
         return ParseHints(node=match[1])

@@ -175,6 +175,9 @@ class ParseHints:
 
     component: str = ""
     node: str = ""
+    # "namespace/name" of the pod whose container wrote the file (a bundle's pod logs): two pods
+    # of one workload write the same lines at the same instants, and only this keeps them apart
+    pod: str = ""
     year: int | None = None
     year_reason: str = ""  # how ``year`` was inferred, for the report
     # When the bundle was collected: the logs end before it, which settles the year of a log

@@ -32,9 +32,11 @@ off the runtime's UTC time by more than 10 minutes (a process in a local zone) i
 offset, rounded to 15 minutes, and a note says so.
 
 Identity: ``audit_id`` is ``log:`` (or ``trace:``) + the first 20 hex digits of sha1(component,
-node, the entry's text without runtime prefixes) + ``:`` + the occurrence of that text at that time
-(0 for the first), so the key survives a re-upload under another name and a change of collector
-(``kubectl logs`` with or without ``--timestamps``, or the CRI file itself).
+node, the pod of a bundle's pod log (``hints.pod``: two pods of one workload write the same lines
+at the same instants), the entry's text without runtime prefixes) + ``:`` + the occurrence of
+that text at that time (0 for the first), so the key survives a re-upload under another name and
+a change of collector (``kubectl logs`` with or without ``--timestamps``, or the CRI file
+itself).
 
 Memory: the current entry (capped at ``MAX_ENTRY_LINES`` lines and ``MAX_ENTRY_CHARS``
 characters, the rest counted), the traces not yet ended, the first 64 KiB of lines, and a bounded
@@ -159,14 +161,15 @@ def sniff_lines(head: bytes, limit: int = SNIFF_LINES) -> list[str]:
 
 
 class KeyMaker:
-    """Stable row keys: ``<kind>:<sha1 of component, node and text>[:20]:<occurrence>``.
+    """Stable row keys: ``<kind>:<sha1 of component, node, pod and text>[:20]:<occurrence>``.
 
     The occurrence counts identical text at the same time within a bounded window of recent keys,
     so repeated identical lines stay distinct and the same file gives the same keys again.
     """
 
-    def __init__(self, component: str, node: str) -> None:
-        self.salt = f"{component}\x00{node}\x00".encode()
+    def __init__(self, component: str, node: str, pod: str = "") -> None:
+        # the pod only when there is one, so that the keys of other logs stay as they were
+        self.salt = (f"{component}\x00{node}\x00" + (f"{pod}\x00" if pod else "")).encode()
         self.recent: OrderedDict[tuple[str, datetime], int] = OrderedDict()
 
     def digest(self) -> hashlib._Hash:
@@ -320,7 +323,7 @@ class _KlogParser:
         self.component = hints.component or guess_component(report.source)
         self.node = hints.node
         self.years = YearInference(report, hints, "the klog headers, which carry none")
-        self.keys = KeyMaker(self.component, self.node)
+        self.keys = KeyMaker(self.component, self.node, hints.pod)
         self.entry: Entry | None = None
         self.last_when: datetime | None = None  # runtime time of the entry's last line
         self.traces: OrderedDict[str, _Trace] = OrderedDict()

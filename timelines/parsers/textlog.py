@@ -257,7 +257,7 @@ class _TextParser:
         self.node = hints.node
         self.years = YearInference(report, hints,
                                    "the dates that carry none (journal short format, klog)")
-        self.keys = KeyMaker(self.component, self.node)
+        self.keys = KeyMaker(self.component, self.node, hints.pod)
         self.entry: _TextEntry | None = None
         self.partial: tuple[int, _Start] | None = None
         self.entries = 0

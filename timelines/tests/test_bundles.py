@@ -158,6 +158,12 @@ def test_must_gather_layout_gives_components_of_pod_logs_and_host_services(must_
     assert len(pod_logs) > 400
     for member in pod_logs:
         assert member.hints.component == member.name.split("/")[-3]
+        parts = member.name.split("/")
+        at = parts.index("pods")
+        assert parts[at - 2] == "namespaces"
+        assert member.hints.pod == f"{parts[at - 1]}/{parts[at + 1]}"
+    assert all(bool(m.hints.pod) == bool(re.search(
+        r"/namespaces/[^/]+/pods/[^/]+/([^/]+)/\1/logs/[^/]+$", m.name)) for m in members)
 
     services = {m.name.rsplit("/", 1)[-1]: m.hints.component
                 for m in members if "/host_service_logs/masters/" in m.name}
@@ -189,6 +195,9 @@ def test_sonobuoy_results_unpack_with_pod_log_components_and_node_hints(tmp_path
     for member in members:
         if re.fullmatch(r"podlogs/[^/]+/[^/]+/logs/[^/]+\.txt", member.name):
             assert member.hints.component == member.name.rsplit("/", 1)[-1].removesuffix(".txt")
+            assert member.hints.pod == "/".join(member.name.split("/")[1:3])
+        else:
+            assert not member.hints.pod
         if member.name.startswith("plugins/systemd_logs/results/"):
             assert member.hints.node == member.name.rsplit("/", 1)[-1]
         if member.name.startswith("hosts/"):

@@ -37,7 +37,9 @@ SENSITIVE_KEY = re.compile(
 )
 # One "key = value" or "key: value" line inside a ConfigMap value (properties, env files, YAML).
 ASSIGNMENT_LINE = re.compile(r"^(\s*[\"']?)([\w.\-]+)([\"']?\s*[=:]\s*)(.+?)(\s*)$", re.MULTILINE)
-JWT = re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")
+# A JWT, or a JWS with its payload detached (``header..signature``: the bootstrap tokens'
+# signatures in kube-public/cluster-info, keyed by the token's secret).
+JWT = re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.(?:[A-Za-z0-9_-]{5,})?\.[A-Za-z0-9_-]*")
 AUTH_HEADER = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
 URI_SECRET = re.compile(
     r"([?&](?:access_token|id_token|refresh_token|token|password|client_secret|code|sig|signature)=)"

@@ -347,23 +347,26 @@ def test_bearer_basic_and_jwt_strings_are_redacted_anywhere(fixtures_dir):
     event = other_event(fixtures_dir)
     bearer = "abcdefgh12345678opaque"
     basic = b64("alice:hunter2-hunter2")
-    event["user"]["extra"] = {"example.com/id-token": [JWT], "example.com/team": ["payments"]}
+    detached = "eyJhbGciOiJIUzI1NiIsImtpZCI6ImFiY2RlZiJ9..RLx-c2lnbmF0dXJlLXZhbHVlLW9mLWl0"
+    event["user"]["extra"] = {"example.com/id-token": [JWT], "example.com/team": ["payments"],
+                              "example.com/jws": [detached]}
     event["annotations"] = {
         **event.get("annotations", {}),
         "example.com/forwarded": f"Authorization: Bearer {bearer}",
         "example.com/upstream": f"authorization: Basic {basic}",
     }
-    expected = 3  # one JWT, one bearer token, one basic credential, all placed above
+    expected = 4  # one JWT, one detached JWS, one bearer token, one basic credential
 
     rows, report = parse(as_line(event))
 
     assert report.redacted == expected
     text = rows[0].raw.decode()
-    for secret in (JWT, bearer, basic):
+    for secret in (JWT, bearer, basic, detached.split("..")[1]):
         assert secret not in text
     stored = json.loads(rows[0].raw)
     assert stored["user"]["extra"] == {"example.com/id-token": [MARKER],
-                                       "example.com/team": ["payments"]}
+                                       "example.com/team": ["payments"],
+                                       "example.com/jws": [MARKER]}
     assert stored["annotations"]["example.com/forwarded"] == f"Authorization: Bearer {MARKER}"
     assert stored["annotations"]["example.com/upstream"] == f"authorization: Basic {MARKER}"
     assert rows[0].annotations == stored["annotations"]

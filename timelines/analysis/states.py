@@ -45,6 +45,7 @@ WAITING_KINDS = {"CrashLoopBackOff": "container-restarts", "ImagePullBackOff": "
                  "ErrImagePull": "image-pull", "InvalidImageName": "image-pull",
                  "CreateContainerConfigError": "stuck-pending",
                  "CreateContainerError": "stuck-pending"}
+LINKED_LINES = 20  # log lines linked to one termination (or problem)
 MAX_LOG_LINES = 50_000  # log lines read to link them (those of each container, in time)
 _FIELDS = ("id", "kind", "received", "completed", "reason", "message", "resource", "namespace",
            "name", "code", "count", "node", "component", "annotations", "severity", "source")
@@ -304,7 +305,13 @@ def link_logs(events: QuerySet, problems: Problems) -> None:
         path = f"/{pod}/{container}/"
         ids = [(i, when) for i, when, source, component, severity in rows
                if component == container and low <= when <= high and path in source
-               and (not errors_only or severity in ("error", "fatal", ""))][:20]
+               and (not errors_only or severity in ("error", "fatal", ""))]
+        if fact is not None:  # the lines nearest the termination, the last words among them
+            ended = low + LOG_SLACK
+            ids = sorted(sorted(ids, key=lambda item: abs(item[1] - ended))[:LINKED_LINES],
+                         key=lambda item: item[1])
+        else:
+            ids = ids[:LINKED_LINES]
         problem.ids += [(when, i) for i, when in ids]
         if ids:
             problem.sources.add("log")

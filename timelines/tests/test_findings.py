@@ -459,6 +459,31 @@ def states(incident) -> dict[str, Event]:
     return rows
 
 
+def test_a_termination_links_the_log_lines_nearest_it(incident, states):
+    """Of a container's lines around its termination, the ones linked are those nearest it,
+    where the crash is told, not the first of the window (a start-up's INFO lines)."""
+    from timelines.analysis.states import LINKED_LINES
+
+    crash = states["crash"]
+    source = states["log"].source
+    early = [Event(incident=incident, kind="log", audit_id=f"log:early{n}",
+                   received=crash.completed - timedelta(seconds=59) + timedelta(seconds=n),
+                   severity="info", component="app", message=f"starting {n}", source=source)
+             for n in range(30)]
+    Event.objects.bulk_create(early)
+    lines = [*early, states["log"]]
+    nearest = sorted(lines, key=lambda e: abs(e.received - crash.completed))[:LINKED_LINES]
+
+    found = insights.compute(incident.pk)
+
+    (finding,) = [i for i in of_kind(found, "container-restarts")
+                  if i["owner"]["name"] == "web"]
+    (fact,) = finding["facts"]
+    assert fact["logs"] == [e.pk for e in sorted(nearest, key=lambda e: e.received)]
+    assert states["log"].pk in fact["logs"]  # the error just before the end
+    assert early[0].pk not in fact["logs"]
+
+
 def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     found = insights.compute(incident.pk)
     kinds = Counter(i["kind"] for i in found)

@@ -76,8 +76,12 @@ JOURNAL_TAIL = r"([A-Za-z0-9][\w.-]*) ([^\s\[\]]+?)(?:\[(\d+)\])?:(?: (.*)|$)"
 JOURNAL_SHORT = re.compile(rf"{SYSLOG_TIME} {JOURNAL_TAIL}")
 JOURNAL_TAIL_RE = re.compile(JOURNAL_TAIL)
 BARE_SYSLOG = re.compile(rf"{SYSLOG_TIME}:? (.*)")  # e2e framework: "Dec 13 17:06:53.480: INFO: …"
+# The zone right after the time, or after a space when the date and time are apart: Go's
+# time.String() ("2021-08-03 12:14:13.632016778 +0200 CEST m=+138.36", a must-gather's
+# timestamp file), whose time read as UTC moved it by the offset.
 ISO_START = re.compile(
-    r"(\d{4}-\d\d-\d\d)([T ])(\d\d:\d\d:\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?(?:[ \t]|$)"
+    r"(\d{4}-\d\d-\d\d)([T ])(\d\d:\d\d:\d\d)(?:[.,](\d{1,9}))?"
+    r"(Z|[+-]\d\d:?\d\d|(?<=\d) [+-]\d\d\d\d(?= [A-Z]{2,5}\b))?(?:[ \t]|$)"
 )
 CRI_TAIL = re.compile(r"(stdout|stderr) ([A-Z](?::[A-Z])*)(?: |$)")
 LOGFMT_TIME = re.compile(r'time="([^"]+)"(?: |$)')
@@ -185,6 +189,7 @@ def _iso(text: str) -> _Start | None:
     if not match:
         return None
     date, separator, clock, fraction, zone = match.groups()
+    zone = zone.lstrip() if zone else zone
     try:
         when = datetime.fromisoformat(f"{date}T{clock}").replace(microsecond=micros(fraction))
         if zone and zone != "Z":

@@ -124,6 +124,21 @@ def test_journal_short_iso_is_converted_to_utc_and_needs_no_year(offset):
     assert not any("year" in note for note in report.notes)
 
 
+def test_go_time_strings_keep_their_zone():
+    """Go's time.String(), as a must-gather's timestamp file holds it: the offset after a space,
+    then the zone's name (read as UTC, the must-gather's end moved two hours later)."""
+    rows, report = run(b"2021-08-03 12:14:13.632016778 +0200 CEST m=+138.368642668\n"
+                       b"2021-08-03 08:00:00 -0500 CDT done\n")
+    assert [row.received for row in rows] == [
+        datetime(2021, 8, 3, 10, 14, 13, 632016, tzinfo=UTC),
+        datetime(2021, 8, 3, 13, 0, 0, tzinfo=UTC)]
+    assert not any("zone" in note for note in report.notes)
+    # a number after the time that is not followed by a zone's name stays in the message
+    rows, report = run(b"2021-08-03 12:14:13 +0200 bytes copied\n")
+    assert rows[0].received == datetime(2021, 8, 3, 12, 14, 13, tzinfo=UTC)
+    assert "+0200 bytes copied" in rows[0].message
+
+
 def test_journal_year_boundary_advances_the_year():
     lines = [journal_line(datetime(2020, 12, 31, 23, 59, 59, tzinfo=UTC), "old year"),
              journal_line(datetime(2021, 1, 1, 0, 0, 1, tzinfo=UTC), "new year")]

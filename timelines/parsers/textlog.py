@@ -4,7 +4,9 @@ Accepted input (gzipped or not), one entry per line that starts with a time:
 
 - ``journalctl`` output: ``short`` (``Jul 14 06:27:08 node-1 kubelet[1234]: message``),
   ``short-precise`` (the same with microseconds), ``short-iso`` and ``short-iso-precise``
-  (``2021-07-14T06:27:08+0000 node-1 kubelet[1234]: message``); the journal's own marker lines
+  (``2021-07-14T06:27:08+0000 node-1 kubelet[1234]: message``), and ``json`` (an entry per line,
+  sonobuoy's ``systemd_logs``: ``__REALTIME_TIMESTAMP``, ``_HOSTNAME``, ``SYSLOG_IDENTIFIER``,
+  ``_PID``, ``MESSAGE``, ``PRIORITY`` as the severity); the journal's own marker lines
   (``-- Logs begin at …``, ``-- Boot …``, ``-- No entries --``) are not entries;
 - pod and container logs whose lines start with an RFC 3339 time: ``kubectl logs --timestamps``,
   CRI files (``2021-07-14T06:27:08.262884123Z stdout F message``, ``P`` for a partial line that
@@ -21,7 +23,7 @@ runtime prefix): ``sniff`` says False for them.
 Rows: ``component`` is the journal's program (kubelet, crio, hyperkube…), else ``hints.component``,
 else a component named by the file name; ``node`` is the journal's host, else ``hints.node``;
 ``severity`` only when the message says it plainly (a klog header, ``level=error``, a leading
-``ERROR``/``WARN``/``INFO`` word, etcd's ``E |``), else "".
+``ERROR``/``WARN``/``INFO`` word, etcd's ``E |``) or the journal's priority does, else "".
 
 The year of the ``short`` format and of klog headers is inferred as in ``klog`` (see
 ``years.YearInference``), with one more source: a journal header's ``end at <date>`` gives the year
@@ -163,7 +165,34 @@ def _syslog_date(match: re.Match[str]) -> tuple[int, int, int, int, int, int]:
             int(match.group(4)), int(match.group(5)), micros(match.group(6)))
 
 
+# ``journalctl -o json`` (sonobuoy's systemd_logs plugin): an entry per line, its time in µs
+# since the epoch, its syslog priority (0-7).
+JOURNAL_PRIORITY = {"0": "fatal", "1": "fatal", "2": "fatal", "3": "error", "4": "warning",
+                    "5": "info", "6": "info"}
+
+
+def _journal_json(text: str) -> _Start | None:
+    try:
+        value = orjson.loads(text)
+        when = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
+            microseconds=int(value["__REALTIME_TIMESTAMP"]))
+    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError, OverflowError):
+        return None
+    message = value.get("MESSAGE")
+    if isinstance(message, list):  # journald exports a message that is not UTF-8 as its bytes
+        try:
+            message = bytes(message).decode("utf-8", "replace")
+        except (TypeError, ValueError):
+            message = ""
+    field = lambda name: value[name] if isinstance(value.get(name), str) else ""  # noqa: E731
+    return _Start(when, message if isinstance(message, str) else "", host=field("_HOSTNAME"),
+                  program=field("SYSLOG_IDENTIFIER") or field("_COMM"), pid=field("_PID"),
+                  severity=JOURNAL_PRIORITY.get(field("PRIORITY"), ""))
+
+
 def _docker(text: str) -> _Start | None:
+    if '"__REALTIME_TIMESTAMP"' in text:
+        return _journal_json(text)
     if '"log"' not in text:
         return None
     try:

@@ -124,6 +124,47 @@ def test_journal_short_iso_is_converted_to_utc_and_needs_no_year(offset):
     assert not any("year" in note for note in report.notes)
 
 
+def test_journal_json_export_gives_each_entry_with_its_host_program_and_priority():
+    entries = [
+        {"__REALTIME_TIMESTAMP": "1513184447204209", "_HOSTNAME": "node-1",
+         "SYSLOG_IDENTIFIER": "kubelet", "_PID": "812", "PRIORITY": "3",
+         "MESSAGE": "E1213 17:00:47.204209 812 pod_workers.go:186] Error syncing pod"},
+        {"__REALTIME_TIMESTAMP": "1513184448000001", "_HOSTNAME": "node-1", "_COMM": "dockerd",
+         "PRIORITY": "6", "MESSAGE": list(b"not utf-8 \xff here")},
+        {"__REALTIME_TIMESTAMP": "1513184449000000", "_HOSTNAME": "node-1",
+         "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "4", "MESSAGE": "oom-kill"},
+    ]
+    rows, report = run(b"\n".join(orjson.dumps(e) for e in entries) + b"\n")
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert [row.received for row in rows] == [
+        epoch + timedelta(microseconds=int(e["__REALTIME_TIMESTAMP"])) for e in entries]
+    assert [(row.component, row.node, row.severity) for row in rows] == [
+        ("kubelet", "node-1", "error"), ("dockerd", "node-1", "info"),
+        ("kernel", "node-1", "warning")]
+    assert rows[0].message.endswith("Error syncing pod")
+    assert rows[1].message.startswith("not utf-8 ")
+    assert not report.skipped
+
+
+def test_sonobuoy_journals_are_read_whole():
+    """The systemd_logs plugin's journals (``journalctl -o json``): every entry a row, at its
+    time (the test's own reading of the export)."""
+    with tarfile.open(SONOBUOY) as archive:
+        journals = {m.name: archive.extractfile(m).read() for m in archive.getmembers()
+                    if "/systemd_logs/results/" in m.name and m.isfile()}
+    assert len(journals) == 3
+    for name, data in journals.items():
+        assert sniff(data[:65536], name)
+        entries = [orjson.loads(line) for line in data.splitlines() if line.strip()]
+        rows, report = run(data, name)
+        assert len(rows) == len(entries) > 1000
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        assert sorted(row.received for row in rows) == sorted(
+            epoch + timedelta(microseconds=int(e["__REALTIME_TIMESTAMP"])) for e in entries)
+        assert {row.node for row in rows} == {e["_HOSTNAME"] for e in entries}
+        assert not report.skipped
+
+
 def test_go_time_strings_keep_their_zone():
     """Go's time.String(), as a must-gather's timestamp file holds it: the offset after a space,
     then the zone's name (read as UTC, the must-gather's end moved two hours later)."""

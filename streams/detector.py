@@ -58,15 +58,16 @@ class Detector:
         """One round in the child: matches per rule. A child that dies meanwhile is started
         again and given the round once more; ``DetectorGone`` if that one dies too."""
         with self.lock:
-            for attempt in (1, 2):
-                try:
-                    return self._round(stored)
-                except DetectorGone:
-                    self.stop()
-                    if attempt == 2:
-                        raise
-                    log.warning("stream detector stopped during a round; starting it again")
-        raise AssertionError("unreachable")
+            try:
+                return self._round(stored)
+            except DetectorGone:
+                self.stop()
+                log.warning("stream detector stopped during a round; starting it again")
+            try:
+                return self._round(stored)
+            except DetectorGone:
+                self.stop()
+                raise
 
     def _round(self, stored: dict) -> dict[str, int]:
         process = self._started()

@@ -127,7 +127,7 @@ def _classify(text: str) -> _Start | None:
     """The entry a line starts, or None for a line without a time (a continuation)."""
     first = text[:1]
     if first == "{":
-        return _docker(text)
+        return _journal_json(text) if '"__REALTIME_TIMESTAMP"' in text else _docker(text)
     if first.isdigit():
         return _iso(text)
     if first == "t" and text.startswith('time="'):
@@ -184,15 +184,16 @@ def _journal_json(text: str) -> _Start | None:
             message = bytes(message).decode("utf-8", "replace")
         except (TypeError, ValueError):
             message = ""
-    field = lambda name: value[name] if isinstance(value.get(name), str) else ""  # noqa: E731
+
+    def field(name: str) -> str:
+        return value[name] if isinstance(value.get(name), str) else ""
+
     return _Start(when, message if isinstance(message, str) else "", host=field("_HOSTNAME"),
                   program=field("SYSLOG_IDENTIFIER") or field("_COMM"), pid=field("_PID"),
                   severity=JOURNAL_PRIORITY.get(field("PRIORITY"), ""))
 
 
 def _docker(text: str) -> _Start | None:
-    if '"__REALTIME_TIMESTAMP"' in text:
-        return _journal_json(text)
     if '"log"' not in text:
         return None
     try:

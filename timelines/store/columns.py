@@ -119,24 +119,29 @@ def _rows(incident_id: int):
 # Reading the signatures grouped: enough memory that PostgreSQL aggregates a million events
 # (27,000 signatures, 8 MB of times) without spilling to disk.
 _GROUP_MEMORY = "128MB"
+# PostgreSQL's timestamps count µs from 2000-01-01 UTC
+_POSTGRES_EPOCH_US = 946_684_800_000_000
 
 
 def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                  list[str]]:
     """(received µs, duration µs, id, signature number, signatures) of the incident's events, in
     one pass: PostgreSQL joins each row's fields and groups the rows by signature, sending each
-    distinct signature once with the times, durations and ids of its events as big-endian
-    int64s.
+    distinct signature once with the times and ids of its events as big-endian int64s.
     200,000 events of 141 signatures: 0.65 s (times alone), where sending every row's time and
-    a hash of its signature, then the distinct signatures apart, took 1.3-1.5 s."""
+    a hash of its signature, then the distinct signatures apart, took 1.3-1.5 s.
+
+    The times go as PostgreSQL holds them (``timestamptz_send``: µs since 2000-01-01) and are
+    moved to the epoch here: ``extract(epoch …)`` computes a numeric per row, which took a
+    third of the query (500,000 events alone: 0.86 s instead of 1.16 s). An event that never
+    completed sends its start twice (duration 0)."""
     fields = ", ".join(["coalesce(code::text, '')" if f == "code" else f for f in _FIELDS]
                        + ["CASE WHEN completed IS NULL THEN '1' ELSE '' END"])
-    # a time, its duration and its id together in one value, so that they stay together
-    sql = (f"SELECT s, string_agg(int8send(us) || int8send(CASE WHEN done IS NULL THEN 0"
-           f" ELSE done - us END) || int8send(id), ''::bytea) FROM"
-           f" (SELECT concat_ws(%s, {fields}) AS s, id,"
-           f" (extract(epoch FROM received) * 1000000)::bigint AS us,"
-           f" (extract(epoch FROM completed) * 1000000)::bigint AS done"
+    # a time, its end and its id together in one value, so that they stay together
+    sql = (f"SELECT s, string_agg(timestamptz_send(received)"
+           f" || coalesce(timestamptz_send(completed), timestamptz_send(received))"
+           f" || int8send(id), ''::bytea) FROM"
+           f" (SELECT concat_ws(%s, {fields}) AS s, id, received, completed"
            f" FROM timelines_event WHERE incident_id = %s) e GROUP BY s")
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL work_mem = '{_GROUP_MEMORY}'")
@@ -148,8 +153,9 @@ def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndar
                else np.empty((0, 3), dtype=np.int64))
     coded = np.repeat(np.arange(len(times), dtype=np.int32),
                       [len(t) for t in times])
-    return (np.ascontiguousarray(triples[:, 0]), np.ascontiguousarray(triples[:, 1]),
-            np.ascontiguousarray(triples[:, 2]), coded, signatures)
+    received = triples[:, 0] + _POSTGRES_EPOCH_US
+    return (received, triples[:, 1] - triples[:, 0], np.ascontiguousarray(triples[:, 2]),
+            coded, signatures)
 
 
 def _split(signature: str) -> dict | None:

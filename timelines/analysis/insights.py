@@ -406,22 +406,43 @@ def coverage_insights(rows: list[tuple[str, str, str, bool, int]]) -> list[dict]
 
 # --- all of them --------------------------------------------------------------------------------
 
+def kinds_of(events: QuerySet) -> Callable[[], set[str]]:
+    """A function giving the kinds of ``events``, read once (one pass) when first asked."""
+    known: list[set[str]] = []
+
+    def kinds() -> set[str]:
+        if not known:
+            known.append(set(events.order_by().values_list("kind", flat=True).distinct()))
+        return known[0]
+    return kinds
+
+
 def steps(events: QuerySet, slow_ms: float = SLOW_MS,
           incident_id: int | None = None) -> list[tuple[str, Callable[[], list]]]:
     """(name, the function finding those insights) for every part of the computation; the
-    Falco rules' detections (``timelines.detections``) when ``incident_id`` is given."""
+    Falco rules' detections (``timelines.detections``) when ``incident_id`` is given. The parts
+    of a kind of evidence the incident does not hold (requests, Events, logs, object state)
+    read nothing: each of their reads would be a pass over every event to find none (an audit
+    log of 500,000 requests: ten of them, 1.3 s)."""
+    kinds = kinds_of(events)
+
+    def of_requests(step: Callable[[], list]) -> Callable[[], list]:
+        return lambda: step() if Event.Kind.AUDIT in kinds() else []
+
     return [
-        ("list-without-resource-version", lambda: etcd_list_insights(etcd_list_rows(events))),
-        ("slow-request", lambda: slow_insights(*slow_rows(events, slow_ms),
-                                               threshold_ms=slow_ms)),
-        *((name if name == "recreated-object" else "deletion: " + name, step)
+        ("list-without-resource-version",
+         of_requests(lambda: etcd_list_insights(etcd_list_rows(events)))),
+        ("slow-request", of_requests(lambda: slow_insights(*slow_rows(events, slow_ms),
+                                                           threshold_ms=slow_ms))),
+        *((name if name == "recreated-object" else "deletion: " + name, of_requests(step))
           for name, step in deletions.steps(events)),
-        ("error-burst", lambda: burst_insights(
-            burst_details(events, find_bursts(*error_minutes(events))))),
-        ("conflicting-writers", lambda: writer_insights(writer_rows(events))),
-        ("audit-coverage", lambda: coverage_insights(coverage_rows(events))),
-        *findings.steps(events),
-        *((("detection", lambda: detections(incident_id)),) if incident_id is not None else ()),
+        ("error-burst", of_requests(lambda: burst_insights(
+            burst_details(events, find_bursts(*error_minutes(events)))))),
+        ("conflicting-writers", of_requests(lambda: writer_insights(writer_rows(events)))),
+        ("audit-coverage", of_requests(lambda: coverage_insights(coverage_rows(events)))),
+        *findings.steps(events, kinds),
+        *((("detection", lambda: detections(incident_id, Event.Kind.AUDIT in kinds())),)
+          if incident_id is not None else ()),
     ]
 
 

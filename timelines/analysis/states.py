@@ -51,10 +51,13 @@ _FIELDS = ("id", "kind", "received", "completed", "reason", "message", "resource
            "name", "code", "count", "node", "component", "annotations", "severity", "source")
 
 
-def state_rows(events: QuerySet) -> list[dict]:
+def state_rows(events: QuerySet, kinds: set[str] | None = None) -> list[dict]:
     """The state rows that may show trouble: Warning ones, every condition of nodes,
     ClusterOperators, workloads and pods' PodScheduled and Ready, containers' terminations and
-    restarts, ClusterVersion history."""
+    restarts, ClusterVersion history. ``kinds``: the kinds of the events, when known (no state
+    rows: none read; no requests: no fact folded into one)."""
+    if kinds is None:
+        kinds = {"state", "audit"}
     conditions = Q(reason__contains="=") & (
         Q(resource__in=("nodes", "clusteroperators", *WORKLOADS))
         | Q(resource="pods", reason__startswith="Ready=")
@@ -64,10 +67,12 @@ def state_rows(events: QuerySet) -> list[dict]:
     containers = Q(reason="ContainerTerminated") | Q(reason="ContainerStarted", count__gt=0)
     rows = list(events.filter(Q(severity="Warning") | conditions | containers
                               | Q(reason="VersionUpdate"),
-                              kind="state").order_by("received", "id").values(*_FIELDS))
+                              kind="state").order_by("received", "id").values(*_FIELDS)
+                ) if "state" in kinds else []
     # a deletion still pending at capture whose delete request the incident holds: its row is
     # folded into the request (``statelinks``), the fact is the same
-    folded = [row for row in folded_rows(events, _FIELDS) if row["severity"] == "Warning"]
+    folded = [row for row in folded_rows(events, _FIELDS) if row["severity"] == "Warning"
+              ] if "audit" in kinds else []
     return sorted(rows + folded, key=lambda row: (row["received"], row["id"])) if folded \
         else rows
 
@@ -77,10 +82,11 @@ def _condition(row: dict) -> tuple[str, str] | None:
     return (kind, status) if sep else None
 
 
-def add_states(events: QuerySet, problems: Problems, capture: datetime | None) -> list[dict]:
+def add_states(events: QuerySet, problems: Problems, capture: datetime | None,
+               kinds: set[str] | None = None) -> list[dict]:
     """Adds the state rows' problems to ``problems``; returns the findings made on their own
-    (ClusterVersion upgrades, workloads below their replicas)."""
-    rows = state_rows(events)
+    (ClusterVersion upgrades, workloads below their replicas). ``kinds``: as ``state_rows``."""
+    rows = state_rows(events, kinds)
     latest: dict[tuple, dict] = {}  # (resource, namespace, name, condition type) → latest row
     restarts: dict[tuple, int] = {}
     terminated = {(r["namespace"], r["name"], r["component"]) for r in rows
@@ -144,7 +150,8 @@ def add_states(events: QuerySet, problems: Problems, capture: datetime | None) -
                 problem.notes.append(f"{len(ready)} of {len(problem.objects)} pods Ready at "
                                      "capture")
     _add_conditions(events, problems, latest, capture)
-    return _upgrades(rows) + _replicas(events, capture)
+    return _upgrades(rows) + (_replicas(events, capture) if kinds is None or "state" in kinds
+                              else [])
 
 
 def _add_conditions(events: QuerySet, problems: Problems, latest: dict[tuple, dict],

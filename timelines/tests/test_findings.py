@@ -347,6 +347,30 @@ def test_other_bundles_get_findings_for_their_warning_events(bundle, kinds):
             o["name"] for i in made for o in i["objects"]}
 
 
+def test_the_parts_of_kinds_an_incident_lacks_read_nothing(falco, incident, monkeypatch):
+    """An incident holding some kinds of evidence only (the falco requests; the sonobuoy
+    bundle: Events, object state and logs, no request) gets the same insights as when every
+    part reads, and the parts of the kinds it lacks send no query."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    sonobuoy = ingest(SONOBUOY, SONOBUOY.name)
+    lacking = {incident.pk: ("'event'", "'log'", "'state'"), sonobuoy.pk: ("'audit'",)}
+    held = {incident.pk: {"audit"}, sonobuoy.pk: {"event", "state", "log"}}
+    for pk, kinds in lacking.items():
+        with CaptureQueriesContext(connection) as queries:
+            found = insights.compute(pk)
+        assert set(insights.kinds_of(Event.objects.filter(incident_id=pk))()) >= held[pk]
+        reads = [q["sql"] for q in queries.captured_queries if "timelines_event" in q["sql"]]
+        assert reads and not [sql for sql in reads for kind in kinds
+                              if f'"kind" = {kind}' in sql or f"IN ({kind})" in sql], pk
+        with monkeypatch.context() as every:
+            every.setattr(insights, "kinds_of", lambda events: lambda: {
+                "audit", "event", "log", "state", "trace"})
+            assert insights.compute(pk) == found
+    assert of_kind(insights.compute(sonobuoy.pk), "unschedulable")
+
+
 @pytest.mark.embedded  # the demo computes its findings on SQLite
 def test_bundle_findings_are_the_same_on_sqlite():
     test_other_bundles_get_findings_for_their_warning_events(

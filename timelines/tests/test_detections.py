@@ -208,3 +208,47 @@ def test_the_purge_of_a_deleted_incident_removes_its_matches(falco, incident):
     delete_incident(incident)
     purge_incident(incident.pk)
     assert not DetectionEvent.objects.filter(incident_id=incident.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_try_the_bodies_as_one_does(falco, incident, monkeypatch, caplog):
+    """A whole incident's bodies are tried in two halves, one in a forked process: the same
+    matches in the same order as one process trying them all; the parent's connection still
+    answers; a helper that fails leaves its half to the parent, with nothing lost."""
+    import os
+
+    from django.db import connection
+
+    from timelines.detections import incident as module
+
+    ruleset = ruleset_for(incident.pk)
+    monkeypatch.setattr(module._Helper, "MIN_BODIES", 10**9)
+    alone = evaluate(incident.pk, ruleset)
+    assert alone.bodies_read > 10
+    started = []
+    start = module._Helper.start.__func__
+
+    def spy(cls, bodies, pointers):
+        helper = start(cls, bodies, pointers)
+        started.append((helper, len(pointers)))
+        return helper
+
+    monkeypatch.setattr(module._Helper, "start", classmethod(spy))
+    monkeypatch.setattr(module._Helper, "MIN_BODIES", 1)
+    shared = evaluate(incident.pk, ruleset)
+    assert len(started) == 1 and started[0][0] is not None and started[0][1] > 0
+    assert dict(shared.ids) == dict(alone.ids)  # lists: the order too
+    assert shared.bodies_read == alone.bodies_read
+    with connection.cursor() as cursor:  # the child closed nothing of the parent's
+        cursor.execute("SELECT count(*) FROM timelines_event WHERE incident_id = %s",
+                       [incident.pk])
+        assert cursor.fetchone()[0] == len(falco)
+
+    monkeypatch.setattr(module._Helper, "_child", staticmethod(lambda *args: os._exit(3)))
+    started.clear()
+    with caplog.at_level("WARNING", logger=module.__name__):
+        failed = evaluate(incident.pk, ruleset)
+    assert started and started[0][0] is not None
+    assert "ended with status" in caplog.text
+    assert dict(failed.ids) == dict(alone.ids)
+    assert failed.bodies_read == alone.bodies_read

@@ -46,6 +46,7 @@ from incidents.models import Incident
 from ..figures.build import Bins, microseconds, moment
 from ..reads import facets
 from ..reads.queries import BadQuery
+from ..store import packed
 
 # ``by`` → event column (the events filter of the same name filters on it)
 BY = {"user": "username", "user_agent": "user_agent", "verb": "verb", "resource": "resource",
@@ -238,14 +239,14 @@ def _postgres_rows(queryset, column: str) -> tuple[np.ndarray, ...]:
     sql = (f"SELECT {quoted}, string_agg(int8send({start}) || int8send(CASE WHEN completed IS"
            f" NULL THEN -1 ELSE {end} - {start} END) || int4send(coalesce(code, 0)), ''::bytea)"
            f" FROM ({inner}) e GROUP BY {quoted}")
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL jit = off")
-        cursor.execute("SET LOCAL work_mem = '128MB'")
-        cursor.execute(sql, params)
-        result = cursor.fetchall()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL jit = off")
+            cursor.execute("SET LOCAL work_mem = '128MB'")
+        result = packed.fetch(sql, params)
     keys = [key for key, _ in result]
     record = np.dtype([("received", ">i8"), ("duration", ">i8"), ("code", ">i4")])
-    parts = [np.frombuffer(bytes(data), dtype=record) for _, data in result]
+    parts = [np.frombuffer(data, dtype=record) for _, data in result]
     rows = np.concatenate(parts) if parts else np.empty(0, dtype=record)
     group = np.repeat(np.arange(len(parts), dtype=np.int64), [len(x) for x in parts])
     duration = rows["duration"].astype(np.int64)

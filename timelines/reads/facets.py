@@ -42,7 +42,7 @@ from incidents.models import Incident
 
 from ..figures.build import Bins, microseconds
 from ..models import Event
-from ..store import aggregate, columns
+from ..store import aggregate, columns, packed
 from .filters import EventFilterSet
 from .queries import BadQuery
 
@@ -164,13 +164,11 @@ class DatabaseSelection:
             return np.sort(np.array(times, dtype=np.int64))
         # 8 bytes per event in one value: a million times in a fraction of a second
         inner, params = self.queryset.values("received").query.sql_with_params()
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT string_agg(int8send({_MICROSECONDS_SQL}), ''::bytea)"
-                           f" FROM ({inner}) e", params)
-            data = cursor.fetchone()[0]
+        ((data,),) = packed.fetch(f"SELECT string_agg(int8send({_MICROSECONDS_SQL}), ''::bytea)"
+                                  f" FROM ({inner}) e", params)
         if data is None:
             return np.empty(0, dtype=np.int64)
-        return np.sort(np.frombuffer(bytes(data), dtype=">i8").astype(np.int64))
+        return np.sort(np.frombuffer(data, dtype=">i8").astype(np.int64))
 
     def range(self) -> tuple[int, int] | None:
         first, last = aggregate.time_range(self.queryset)

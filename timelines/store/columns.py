@@ -53,7 +53,7 @@ from django.db import connection, transaction
 
 from ..figures.build import HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds, moment
 from ..figures.lanes import GROUPS, OTHER_LANES, lane_name
-from . import aggregate, textblocks
+from . import aggregate, packed, textblocks
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,14 @@ def _postgres_columns(incident_id: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     sql = (f"SELECT s, string_agg(timestamptz_send(received)"
            f" || coalesce(timestamptz_send(completed), timestamptz_send(received))"
            f" || int8send(id), ''::bytea) FROM"
-           f" (SELECT concat_ws(%s, {fields}) AS s, id, received, completed"
+           f" (SELECT concat_ws(%s::text, {fields}) AS s, id, received, completed"
            f" FROM timelines_event WHERE incident_id = %s) e GROUP BY s")
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL work_mem = '{_GROUP_MEMORY}'")
-        cursor.execute(sql, [_SEPARATOR, incident_id])
-        groups = cursor.fetchall()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL work_mem = '{_GROUP_MEMORY}'")
+        groups = packed.fetch(sql, [_SEPARATOR, incident_id])
     signatures = [signature for signature, _ in groups]
-    times = [np.frombuffer(bytes(data), dtype=">i8").reshape(-1, 3) for _, data in groups]
+    times = [np.frombuffer(data, dtype=">i8").reshape(-1, 3) for _, data in groups]
     triples = (np.concatenate(times).astype(np.int64) if times
                else np.empty((0, 3), dtype=np.int64))
     coded = np.repeat(np.arange(len(times), dtype=np.int32),

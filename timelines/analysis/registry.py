@@ -25,6 +25,7 @@ worker's task retries the whole completion.
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import logging
 import threading
 import time
@@ -152,6 +153,26 @@ def _run(incident_id: int, analyses: list[tuple[str, Analysis]], progress: _Prog
             progress.ended(name)
         log.info("analysis %r of incident %s: %.2f s", name, incident_id,
                  time.monotonic() - started)
+        _give_back_memory()
+
+
+def _give_back_memory() -> None:
+    """Return the heap an analysis freed to the system (glibc's ``malloc_trim``; elsewhere
+    nothing). glibc keeps what a thread freed in that thread's arena: the column index's build
+    (500,000 events) left 48 MB held in the lane's thread while the detections, in the other,
+    took theirs, and a million requests' analyses peaked at 346 MB instead of 283 MB."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _find_malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_malloc_trim = _find_malloc_trim()
 
 
 class _Progress:

@@ -301,17 +301,22 @@ def link_logs(events: QuerySet, problems: Problems) -> None:
     if not targets:
         return
     wanted = Q()
-    for _, _, pod, container, low, high, errors_only in targets:
-        wanted |= Q(component=container, received__gte=low, received__lte=high,
-                    source__contains=f"/{pod}/{container}/",
+    for problem, _, pod, container, low, high, errors_only in targets:
+        # the pod's lines carry it (``parsers.base.pod_object``); the path of its log file in
+        # a must-gather says it too, as it did for the lines stored before they did
+        wanted |= Q(Q(resource="pods", namespace=problem.owner[1], name=pod)
+                    | Q(source__contains=f"/{pod}/{container}/"),
+                    component=container, received__gte=low, received__lte=high,
                     **({"severity__in": ("error", "fatal", "")} if errors_only else {}))
     rows = list(events.filter(wanted, kind="log").order_by("received", "id").values_list(
-        "id", "received", "source", "component", "severity")[:MAX_LOG_LINES])
+        "id", "received", "source", "component", "severity", "namespace", "name")[
+        :MAX_LOG_LINES])
     lines: dict[int, int] = defaultdict(int)  # error lines linked per problem (by identity)
     for problem, fact, pod, container, low, high, errors_only in targets:
         path = f"/{pod}/{container}/"
-        ids = [(i, when) for i, when, source, component, severity in rows
-               if component == container and low <= when <= high and path in source
+        ids = [(i, when) for i, when, source, component, severity, namespace, name in rows
+               if component == container and low <= when <= high
+               and ((namespace, name) == (problem.owner[1], pod) or path in source)
                and (not errors_only or severity in ("error", "fatal", ""))]
         if fact is not None:  # the lines nearest the termination, the last words among them
             ended = low + LOG_SLACK

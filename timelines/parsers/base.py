@@ -189,6 +189,16 @@ class ParseHints:
     evidence: Evidence | None = field(default=None, compare=False, repr=False)
 
 
+def pod_object(pod: str) -> dict[str, str]:
+    """The object fields of the lines a pod's container wrote (``ParseHints.pod``,
+    "namespace/name"): the pod, as an audit ``objectRef`` would name it, so that they are
+    filtered, drawn and listed with the pod's other evidence; none for a line of no pod."""
+    namespace, slash, name = pod.partition("/")
+    if not slash or not namespace or not name:
+        return {}
+    return {"resource": "pods", "namespace": namespace, "name": name}
+
+
 @dataclass(frozen=True)
 class YearGuess:
     """A file's year that was guessed, not read: from its incident's other evidence or the clock

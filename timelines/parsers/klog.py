@@ -68,6 +68,7 @@ from .base import (
     nothing_found,
     open_lines,
     parse_time,
+    pod_object,
 )
 from .redact import URI_SECRET, Redactor, redact_strings
 from .years import YearInference
@@ -324,6 +325,7 @@ class _KlogParser:
         self.node = hints.node
         self.years = YearInference(report, hints, "the klog headers, which carry none")
         self.keys = KeyMaker(self.component, self.node, hints.pod)
+        self.on_pod = pod_object(hints.pod)  # a pod's lines are about it
         self.entry: Entry | None = None
         self.last_when: datetime | None = None  # runtime time of the entry's last line
         self.traces: OrderedDict[str, _Trace] = OrderedDict()
@@ -479,7 +481,7 @@ class _KlogParser:
             self.keys.key("log", entry.digest.hexdigest(), received), received, received, 0.0,
             annotations=annotations, source=self.report.source, line=entry.line, raw=raw,
             kind="log", message=message, severity=entry.severity, component=self.component,
-            node=self.node,
+            node=self.node, **self.on_pod,
         )
         if entry.traced:
             yield from self._traces_in(entry)

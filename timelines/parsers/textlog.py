@@ -56,6 +56,7 @@ from .base import (
     nothing_found,
     open_lines,
     parse_time,
+    pod_object,
 )
 from .klog import (
     KLOG_HEADER,
@@ -293,6 +294,7 @@ class _TextParser:
         self.years = YearInference(report, hints,
                                    "the dates that carry none (journal short format, klog)")
         self.keys = KeyMaker(self.component, self.node, hints.pod)
+        self.on_pod = pod_object(hints.pod)  # a pod's lines are about it
         self.entry: _TextEntry | None = None
         self.partial: tuple[int, _Start] | None = None
         self.entries = 0
@@ -391,7 +393,7 @@ class _TextParser:
             self.keys.key("log", entry.digest.hexdigest(), entry.received), entry.received,
             entry.received, 0.0, annotations=annotations, source=self.report.source,
             line=entry.line, raw=raw, kind="log", message=message, severity=entry.severity,
-            component=component, node=node,
+            component=component, node=node, **self.on_pod,
         )
 
     def finish(self) -> Iterator[Row]:

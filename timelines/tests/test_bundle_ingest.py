@@ -150,6 +150,24 @@ def test_real_bundles_ingest_every_file_or_say_why_not(member, fixtures_dir):
             # every line kept: two pods of one workload log the same lines at the same
             # instants (the must-gather lost 21 lines, the sonobuoy run one, as repeats)
             assert entry["new_events"] == entry["events"], entry
+    # a pod's log lines are about it (its namespace and name as their object), and no other
+    # line is: the layouts' pod log paths (must-gather, sonobuoy, troubleshoot)
+    pod_log = re.compile(r"(?:^|/)(?:namespaces/([^/]+)/pods/([^/]+)/[^/]+/[^/]+/logs/"
+                         r"|podlogs/([^/]+)/([^/]+)/logs/|cluster-resources/pods/logs/([^/]+)/"
+                         r"([^/]+)/)")
+    pod_files = 0
+    for entry in entries:
+        if entry["format"] not in ("klog", "text-log") or not entry["new_events"]:
+            continue
+        match = pod_log.search(entry["name"])
+        pod = [part for part in match.groups() if part] if match else []
+        pod_files += bool(pod)
+        objects = set(Event.objects.filter(upload_id=entry["id"], kind="log").values_list(
+            "resource", "namespace", "name").distinct())
+        assert objects == ({("pods", *pod)} if pod else {("", "", "")}), entry["name"]
+    # (the troubleshoot bundle's two pod logs hold no time: skipped as text)
+    assert pod_files >= {"openshift-must-gather-aws.tar.xz": 100,
+                         "sonobuoy-results-0.10.tar.gz": 5}.get(member, 0)
     # nothing stored holds a token's shape: JWTs, and JWS signatures with the payload detached
     # (the sonobuoy run's kube-public/cluster-info holds one, a bootstrap token's)
     incident = Incident.objects.get(title=member)

@@ -508,6 +508,31 @@ def test_a_termination_links_the_log_lines_nearest_it(incident, states):
     assert early[0].pk not in fact["logs"]
 
 
+def test_a_termination_links_its_pods_lines_whatever_the_layout(incident, states):
+    """A pod's lines carry it as their object (``parsers.base.pod_object``): they are linked to
+    its container's termination in any layout's paths (sonobuoy's ``podlogs/…/logs/app.txt``),
+    not only a must-gather's; a line of the same container name in another pod is not."""
+    crash = states["crash"]
+    near = crash.completed - timedelta(seconds=5)
+    mine = Event(incident=incident, kind="log", audit_id="log:sono", received=near,
+                 severity="error", component="app", message="panic: boom", resource="pods",
+                 namespace="shop", name=crash.name,
+                 source=f"podlogs/shop/{crash.name}/logs/app.txt")
+    other = Event(incident=incident, kind="log", audit_id="log:other", received=near,
+                  severity="error", component="app", message="panic: elsewhere",
+                  resource="pods", namespace="shop", name="web-7d9f8c6b5d-zzzzz",
+                  source="podlogs/shop/web-7d9f8c6b5d-zzzzz/logs/app.txt")
+    Event.objects.bulk_create([mine, other])
+
+    found = insights.compute(incident.pk)
+
+    (finding,) = [i for i in of_kind(found, "container-restarts")
+                  if i["owner"]["name"] == "web"]
+    (fact,) = finding["facts"]
+    assert mine.pk in fact["logs"] and states["log"].pk in fact["logs"]
+    assert other.pk not in fact["logs"]
+
+
 def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     found = insights.compute(incident.pk)
     kinds = Counter(i["kind"] for i in found)

@@ -1,5 +1,5 @@
-"""One object's history: every request, Kubernetes Event and log line about it, in time order,
-and which of them hold a version of the object that can be diffed with the one before.
+"""One object's history: every request, Kubernetes Event, state and log line about it, in time
+order, and which of them hold a version of the object that can be diffed with the one before.
 
 An object is ``(resource, namespace, name)``, as an audit ``objectRef`` names it (the namespace
 is empty for a cluster-scoped object). What belongs to its history:
@@ -8,6 +8,9 @@ is empty for a cluster-scoped object). What belongs to its history:
   itself or on a subresource of it (``pods/status``, ``pods/binding``, ``pods/log``…);
 - Kubernetes Events (kind ``event``) whose involved object it is: the Events parser stores the
   involvedObject as the row's resource (the kind's plural), namespace and name;
+- a bundle's object state (kind ``state``: its snapshots, which hold versions, and the time
+  points read from them: conditions, container starts and ends);
+- a pod's own log lines (kind ``log``: a bundle's pod logs carry their pod as their object);
 - log lines and apiserver traces (kinds ``log`` and ``trace``) whose message names it. The rule
   is textual: a namespaced object is named by ``namespace/name`` (klog's ``pod="ns/name"``,
   ``object="ns/name"``, ``lease ns/name``), a cluster-scoped one by its name in double quotes
@@ -78,19 +81,19 @@ def object_of(event: Event) -> ObjectKey | None:
 
 def history_events(events: QuerySet, key: ObjectKey, *, text: bool = True) -> list[QuerySet]:
     """The events of ``events`` (one incident's, already filtered) that the module docstring's
-    rule may count as about ``key``, as querysets in time order: the requests and Events on the
-    object (the ``event_object`` index finds them), and with ``text`` the log lines and traces
-    that may name it (a substring match over their text: ``mentions`` keeps the exact ones).
+    rule may count as about ``key``, as querysets in time order: the requests, Events, object
+    state and a pod's own log lines on the object (the ``event_object`` index finds them), and
+    with ``text`` the other log lines and traces that may name it (a substring match over their
+    text: ``mentions`` keeps the exact ones).
     Two queries, not one with OR, which would read every event of the incident."""
-    on_object = events.filter(kind__in=[Event.Kind.AUDIT, Event.Kind.EVENT],
-                              resource=key.resource, namespace=key.namespace, name=key.name)
-    found = [on_object.order_by("received", "id")]
+    on = Q(resource=key.resource, namespace=key.namespace, name=key.name)
+    found = [events.filter(on).order_by("received", "id")]
     if text:
         needle = f"{key.namespace}/{key.name}" if key.namespace else f'"{key.name}"'
         in_text = Q(kind__in=[Event.Kind.LOG, Event.Kind.TRACE], message__contains=needle)
         for path in key.paths():
             in_text |= Q(kind=Event.Kind.TRACE, request_uri__contains=path)
-        found.append(events.filter(in_text).order_by("received", "id"))
+        found.append(events.filter(in_text).exclude(on).order_by("received", "id"))
     return found
 
 
@@ -118,10 +121,12 @@ def object_history(events: QuerySet, key: ObjectKey, *, limit: int = MAX_EVENTS,
     truncated = False
     on_object, *in_text = history_events(events, key, text=text)
     # the candidates in text are read as they come: many may not name the object after all
-    found = [on_object.values(*FIELDS)[:limit + 1],
+    # (the rows on the object belong whatever their text: a pod's own log lines)
+    found = [({**row, "on": True} for row in on_object.values(*FIELDS)[:limit + 1]),
              *(queryset.values(*FIELDS).iterator(chunk_size=500) for queryset in in_text)]
     for row in heapq.merge(*found, key=lambda row: (row["received"], row["id"])):
-        if not mentions(key, row["kind"], row["message"], row["request_uri"]):
+        if not row.get("on") and not mentions(key, row["kind"], row["message"],
+                                               row["request_uri"]):
             continue
         if len(rows) == limit:
             truncated = True

@@ -230,3 +230,33 @@ def test_the_incident_pages_event_details_open_the_object_history(open_page, own
     # and back: the timeline link of a row selects that event on the incident page
     page.click(f'#history-table tr[data-event="{mine[0]["id"]}"] a.timeline-link')
     wait_for_detail(page, mine[0]["id"])
+
+
+def test_a_pods_history_holds_its_state_and_its_own_log_lines(api, incident, fixtures_dir):
+    """A bundle's pod: its history lists its object state (the snapshot a version) and every
+    line its containers wrote, beside its Events, each once and in time order."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from incidents.models import Incident
+
+    call_command("ingest", str(fixtures_dir / "bundles" / "sonobuoy-results-0.10.tar.gz"),
+                 incident="sonobuoy", stdout=StringIO(), stderr=StringIO())
+    Incident.objects.filter(title="sonobuoy").update(team=incident.team)  # the reader's team
+    incident = Incident.objects.get(title="sonobuoy")
+    pod = {"resource": "pods", "namespace": "heptio-sonobuoy", "name": "sonobuoy"}
+    rows = Event.objects.filter(incident=incident, **pod)
+    by_kind = {kind: set(rows.filter(kind=kind).values_list("id", flat=True))
+               for kind in ("event", "state", "log")}
+    assert all(by_kind.values()), {k: len(v) for k, v in by_kind.items()}
+    body = _history(api, incident, **pod)
+    listed = [e["id"] for e in body["events"]]
+    assert len(listed) == len(set(listed))
+    for kind, ids in by_kind.items():
+        assert {e["id"] for e in body["events"] if e["kind"] == kind} == ids, kind
+    assert [e["received"] for e in body["events"]] == sorted(e["received"]
+                                                             for e in body["events"])
+    snapshots = set(rows.filter(kind="state", reason="Snapshot").values_list("id", flat=True))
+    assert snapshots and {e["id"] for e in body["events"] if e["version"]} >= snapshots
+    assert body["versions"] >= len(snapshots)

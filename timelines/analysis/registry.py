@@ -88,17 +88,20 @@ def still_reading(incident_id: int) -> bool:
 
 def prepare_reads(incident_id: int) -> None:
     """What the first answer needs once every file is stored: the years of logs that had none
-    settled (``ingest.years.settle_years``: it moves rows), the state time points that audit
+    settled (``ingest.years.settle_years``: it moves rows), one name per node
+    (``ingest.nodes.unify_node_names``: it renames rows), the state time points that audit
     requests also hold folded into those requests (``statelinks``: it removes rows) and the
     planner's statistics of time order. Part of ``ready``, not of the analyses: cheap, and it
-    changes answers or their speed. It names the two ingest modules it calls, not the package
+    changes answers or their speed. It names the ingest modules it calls, not the package
     ``timelines.ingest``, which hands on the pipeline that calls ``complete_incident``: neither of
     them imports this module back."""
+    from ..ingest.nodes import unify_node_names
     from ..ingest.store import analyze_time_order
     from ..ingest.years import settle_years
     from .statelinks import fold_state_into_requests
 
     settle_years(incident_id)
+    unify_node_names(incident_id)
     fold_state_into_requests(incident_id)
     analyze_time_order()
 

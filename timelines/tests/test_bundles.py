@@ -715,3 +715,36 @@ def test_an_unrecognised_file_is_described_for_the_list_of_unused_files(tmp_path
     path = tmp_path / "file"
     path.write_bytes(content)
     assert unpacker._describe(path) == looks
+
+
+@pytest.mark.django_db
+def test_a_node_has_one_name_across_its_journal_events_and_state(fixtures_dir):
+    """The sonobuoy run's journals name the nodes by host name, its objects and Events by the
+    Node's (fully qualified) name: after the ingest each node is one value, every row of the
+    host under it; a host that no Node names keeps its name."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from incidents.models import Incident
+    from timelines.ingest.nodes import aliases
+    from timelines.models import Event
+
+    call_command("ingest", str(fixtures_dir / "bundles" / "sonobuoy-results-0.10.tar.gz"),
+                 incident="nodes", stdout=StringIO(), stderr=StringIO())
+    events = Event.objects.filter(incident=Incident.objects.get(title="nodes"))
+    names = set(events.exclude(node="").values_list("node", flat=True).distinct())
+    assert not aliases(names)  # no short name left whose long one is known
+    long = {n for n in names if n.endswith(".us-west-2.compute.internal")}
+    assert len(long) == 3
+    for name in long:  # each holds its journal, its Events and its state
+        assert set(events.filter(node=name).values_list("kind", flat=True).distinct()) >= {
+            "log", "event", "state"}, name
+    assert events.filter(node="ip-172-31-13-168", kind="log").exists()  # named by no Node
+
+
+def test_node_aliases_need_exactly_one_long_name():
+    from timelines.ingest.nodes import aliases
+
+    assert aliases(["n1", "n1.ec2.internal", "n2", "n2.a.example", "n2.b.example", "localhost",
+                    "n3.x", ""]) == {"n1": "n1.ec2.internal"}

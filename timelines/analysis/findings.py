@@ -323,6 +323,10 @@ def log_insights(rows: list[dict], problems: Problems, capture: datetime | None)
 
 # --- problems into findings ----------------------------------------------------------------------
 
+# A finding's filters name its objects up to this many; beyond, its namespace alone
+MAX_FILTER_OBJECTS = 50
+
+
 def problem_insight(problem: Problem, capture: datetime | None) -> dict:
     resource, namespace, name = problem.owner
     objects = list(problem.objects)
@@ -342,8 +346,9 @@ def problem_insight(problem: Problem, capture: datetime | None) -> dict:
     parts.append(age_text(capture, problem.end))
     ids = [i for _, i in sorted(problem.ids)]
     filters = {"kind": sorted(problem.sources)}
-    if len(objects) == 1:
-        filters.update({"resource": [objects[0][0]], "name": [objects[0][2]]})
+    if len(objects) <= MAX_FILTER_OBJECTS:  # its objects (a repeated filter ORs its values)
+        filters.update({"resource": sorted({r for r, _, _ in objects}),
+                        "name": sorted({x for _, _, x in objects})})
     if namespace:
         filters["namespace"] = [namespace]
     return insight(

@@ -476,7 +476,8 @@ def states(incident) -> dict[str, Event]:
                   severity="Normal", count=1, message="Node n3 status is now: NodeNotSchedulable")
     log = Event(incident=incident, kind="log", audit_id="log:1",
                 received=t + timedelta(minutes=3, seconds=-2), severity="error",
-                component="app", message="fatal: cannot connect",
+                component="app", message="fatal: cannot connect", resource="pods",
+                namespace="shop", name=pod_a,  # a pod's lines carry it (parsers.base.pod_object)
                 source=f"namespaces/shop/pods/{pod_a}/app/app/logs/previous.log")
     Event.objects.bulk_create([*rows.values(), backoff, pull, drain, log])
     rows.update(backoff=backoff, pull=pull, drain=drain, log=log)
@@ -601,6 +602,28 @@ def test_state_rows_make_findings_with_times_owners_and_ages(incident, states):
     # the page's API serves them, each naming its events
     client_found = sorted(found, key=lambda i: i["id"])
     assert [i["kind"] for i in client_found] == [i["kind"] for i in found]
+
+
+def test_a_findings_filters_select_its_objects_not_their_namespace(api, incident, states):
+    """A finding on several pods of one owner filters on those pods (a repeated filter ORs its
+    values): the events list shows their evidence, not every Event of the namespace."""
+    t = CAPTURE - timedelta(hours=2)
+    again = state(incident, 30, "ContainerTerminated", "pods", states["oom"].name,
+                  t + timedelta(minutes=20), completed=t + timedelta(minutes=21),
+                  component="app", code=2, count=1, message="app: Error exit code 2",
+                  severity="Warning", node="n1",
+                  annotations={"container": "app", "last": True})
+    again.save()
+    (finding,) = [i for i in of_kind(insights.compute(incident.pk), "container-restarts")
+                  if i["owner"]["name"] == "web"]
+    pods = {o["name"] for o in finding["objects"]}
+    assert len(pods) == 2
+    assert finding["filters"]["name"] == sorted(pods)
+    listed = api(f"/api/v1/incidents/{incident.pk}/events/",
+                 {**finding["filters"], "page_size": 1000}).json()["results"]
+    assert listed and {e["name"] for e in listed} == pods
+    assert states["pull"].pk not in {e["id"] for e in listed}  # another pod of the namespace
+    assert set(finding["events"]) <= {e["id"] for e in listed}
 
 
 def test_findings_are_listed_by_the_insights_api(client, owner, incident, states):

@@ -122,6 +122,13 @@ class Event(models.Model):
     def __str__(self) -> str:
         return f"{self.verb} {self.resource}/{self.name} by {self.username}"
 
+    @property
+    def source_tail(self) -> str:
+        """The end of ``source`` that tells a file apart (its last two path parts), "…/"
+        before it when shortened: a bundle's paths run to a hundred characters and more."""
+        parts = self.source.rsplit("/", 2)
+        return self.source if len(parts) < 3 else "…/" + "/".join(parts[1:])
+
     def body(self) -> dict | None:
         """The stored (redacted) audit event, or None if the body is not available."""
         if self.body_chunk is None:

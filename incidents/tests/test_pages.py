@@ -16,7 +16,7 @@ from incidents.models import Incident, Upload
 
 pytestmark = pytest.mark.django_db
 
-SOURCE_CELL = re.compile(r'<td class="src">([^<]*)</td>')
+SOURCE_CELL = re.compile(r'<td class="src"[^>]*>([^<]*)</td>')
 NEXT_LINK = re.compile(r'<a href="([^"]*)" rel="next">')
 
 

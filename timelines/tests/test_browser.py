@@ -443,3 +443,43 @@ def test_a_large_incident_draws_a_heatmap_until_a_window_is_narrow(open_page, ow
     assert page.get_attribute("#gantt", "data-mode") == "gantt"
     assert f"{inside} events on 30 lanes" in page.text_content("#gantt-status")
 
+
+
+def test_the_events_tables_last_columns_are_in_reach(open_page, owner, incident):
+    """A hundred rows of a bundle's long paths: the table scrolls in a box whose horizontal
+    scroll bar is in view with the table's top, scrolled right it shows the Source column
+    beside the Message, and a source shows its file's end, whole in its tooltip."""
+    start = datetime(2024, 3, 1, 12, tzinfo=UTC)
+    long = ("must-gather.local.5165939006394467466/quay-io-openshift-release-dev-ocp-v4-0-"
+            "art-dev-sha256-6f0b3c2a/namespaces/openshift-ingress-operator/pods/"
+            "ingress-operator-7b85cd998b-f4lj9/ingress-operator/ingress-operator/logs/current.log")
+    Event.objects.bulk_create([
+        Event(incident=incident, kind="log", audit_id=f"log:{n}", received=start
+              + timedelta(seconds=n), completed=start + timedelta(seconds=n),
+              component="ingress-operator", severity="error", resource="pods",
+              namespace="openshift-ingress-operator", name="ingress-operator-7b85cd998b-f4lj9",
+              message=f"failed to reconcile {n}: " + "x" * 120, source=long, line=n + 1)
+        for n in range(150)])
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    box = page.locator("#events-table .events-box")
+    box.scroll_into_view_if_needed()
+    page.evaluate("() => document.querySelector('#events-table').scrollIntoView()")
+    top = page.evaluate("() => document.querySelector('#events-table').getBoundingClientRect()"
+                        ".top")
+    bounds = box.bounding_box()
+    viewport = page.viewport_size
+    assert bounds["y"] + bounds["height"] <= viewport["height"] + 1, (top, bounds)
+    assert page.evaluate("(b) => b.scrollWidth > b.clientWidth", box.element_handle())
+    box.evaluate("(b) => { b.scrollLeft = b.scrollWidth; }")
+    heads = page.locator("#events-table")
+    source = heads.get_by_role("columnheader", name="Source", exact=True).bounding_box()
+    message = heads.get_by_role("columnheader", name="Message", exact=True).bounding_box()
+    assert 0 <= source["x"] and source["x"] + source["width"] <= viewport["width"]
+    assert message["x"] + message["width"] > 0  # the Message beside it
+    # a long word wraps in its cell instead of running over the Source
+    assert page.locator("#events-table td.msg").first.evaluate(
+        "(td) => td.scrollWidth <= td.clientWidth + 1")
+    cell = page.locator("#events-table td.src").first
+    assert cell.inner_text().startswith("…/logs/current.log:")
+    assert cell.get_attribute("title") == f"{long}:1"
+    assert cell.bounding_box()["width"] <= 22 * 16 + 20

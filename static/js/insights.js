@@ -140,6 +140,11 @@ document.addEventListener("DOMContentLoaded", () => {
     if (window.location.hash === "#insights" && found.length) panel.open = true;
   }
 
+  // and so does a link to #insights followed on the page itself (the hash changes, no load)
+  window.addEventListener("hashchange", () => {
+    if (window.location.hash === "#insights" && list.children.length) panel.open = true;
+  });
+
   // the list lies over the page: Escape or a click elsewhere closes it
   document.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && panel.open) panel.open = false;

@@ -501,6 +501,20 @@ def test_the_panel_shows_the_insights_and_a_click_puts_their_events_on_the_timel
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_link_to_insights_opens_the_panel_on_load_and_on_the_page(open_page, owner, incident,
+                                                                    falco):
+    insights.refresh(incident.pk)
+    page = open_page(owner, f"/incidents/{incident.pk}/#insights")
+    page.wait_for_selector("#insights-list li.insight")
+    page.wait_for_function("document.getElementById('insights').open")
+    page.keyboard.press("Escape")
+    assert not page.evaluate("document.getElementById('insights').open")
+    page.evaluate("location.hash = ''")
+    page.evaluate("location.hash = '#insights'")  # a link on the page: no load
+    page.wait_for_function("document.getElementById('insights').open")
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_reader_sees_no_sequence_button(open_page, teammate, incident, falco):
     insights.refresh(incident.pk)
     page = open_page(teammate, f"/incidents/{incident.pk}/")

@@ -11,10 +11,14 @@ Accepted input (gzipped or not), one entry per line that starts with a time:
 - pod and container logs whose lines start with an RFC 3339 time: ``kubectl logs --timestamps``,
   CRI files (``2021-07-14T06:27:08.262884123Z stdout F message``, ``P`` for a partial line that
   the next one completes), docker json-file lines (``{"log": …, "stream": …, "time": …}``);
+- structured loggers' JSON lines (zap, logrus, slog: ``{"level": …, "ts"|"time"|"timestamp": …,
+  "msg"|"message": …}``, a time as RFC 3339 or epoch seconds): the level is the severity, the
+  other keys follow the message as ``key=value``; sonobuoy's own ``meta/run.log``;
 - close relatives met in bundles: ISO times with a space or a comma (``2021-07-14 06:27:08,123
   INFO …``, taken as UTC when they carry no zone), logrus text (``time="…" level=info msg=…``),
-  the Kubernetes e2e framework's ``Dec 13 17:06:53.480: INFO: …``, and klog lines mixed into such
-  files.
+  the Kubernetes e2e framework's ``Dec 13 17:06:53.480: INFO: …`` (its file is read although
+  most of its lines are the suite's own, untimed: specs, ``STEP:`` lines), and klog lines mixed
+  into such files.
 
 A line with no time continues the entry before it (joined with "\\n"); before any entry it is
 skipped and recorded. Files that are mostly klog belong to ``klog`` (which also reads klog behind a
@@ -104,6 +108,9 @@ LEVELS = {
 }
 ETCD_LEVELS = {"I": "info", "N": "info", "W": "warning", "E": "error", "F": "fatal"}
 SNIFF_LINES = 40
+# the Kubernetes e2e framework's log (sonobuoy's e2e.log): its timed lines are fewer than the
+# suite's own (specs, steps, the "S" of skipped ones), which mark it
+E2E_SUITE = re.compile(r"(?:Running Suite: |STEP: |Ran \d+ of \d+ Specs)")
 
 
 @dataclass(slots=True)
@@ -128,7 +135,9 @@ def _classify(text: str) -> _Start | None:
     """The entry a line starts, or None for a line without a time (a continuation)."""
     first = text[:1]
     if first == "{":
-        return _journal_json(text) if '"__REALTIME_TIMESTAMP"' in text else _docker(text)
+        if '"__REALTIME_TIMESTAMP"' in text:
+            return _journal_json(text)
+        return _docker(text) if '"log"' in text else _json_log(text)
     if first.isdigit():
         return _iso(text)
     if first == "t" and text.startswith('time="'):
@@ -215,6 +224,43 @@ def _docker(text: str) -> _Start | None:
                   partial=not log.endswith("\n"))
 
 
+# structured loggers' JSON lines (logrus, zap, slog): the keys of the time, the message and the
+# level; the other keys follow the message as key=value
+JSON_TIME_KEYS = ("time", "ts", "timestamp")
+JSON_MESSAGE_KEYS = ("msg", "message")
+JSON_LEVEL_KEYS = ("level", "severity")
+
+
+def _json_log(text: str) -> _Start | None:
+    """A structured logger's line (``{"level":"info","ts":1627980000.1,"msg":"…"}``, logrus's
+    ``"time":"2017-12-13T17:05:25Z"``), not a Kubernetes object nor an audit event."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or "apiVersion" in value or "auditID" in value:
+        return None
+    keys = [next((k for k in group if k in value), None)
+            for group in (JSON_TIME_KEYS, JSON_MESSAGE_KEYS, JSON_LEVEL_KEYS)]
+    if None in keys or not isinstance(value[keys[1]], str):
+        return None
+    stamp = value[keys[0]]
+    try:
+        if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+            when = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=stamp)
+        elif isinstance(stamp, str):
+            when = parse_time(stamp.replace(" ", "T", 1))
+        else:
+            return None
+    except (ValueError, OverflowError):
+        return None
+    level = value[keys[2]]
+    rest = " ".join(f"{key}={item if isinstance(item, str) else orjson.dumps(item).decode()}"
+                    for key, item in value.items() if key not in keys)
+    return _Start(when, f"{value[keys[1]]} {rest}" if rest else value[keys[1]],
+                  severity=LEVELS.get(level.lower(), "") if isinstance(level, str) else "")
+
+
 def _iso(text: str) -> _Start | None:
     match = ISO_START.match(text)
     if not match:
@@ -274,7 +320,9 @@ def sniff(head: bytes, name: str = "") -> bool:
     if not lines:
         return False
     hits = sum(1 for line in lines if _classify(line) is not None)
-    return hits * 2 > len(lines) and not klog.sniff(head, name)
+    if hits * 2 <= len(lines) and not (hits >= 3 and any(map(E2E_SUITE.match, lines))):
+        return False
+    return not klog.sniff(head, name)
 
 
 @dataclass

@@ -165,6 +165,57 @@ def test_sonobuoy_journals_are_read_whole():
         assert not report.skipped
 
 
+def test_structured_loggers_json_lines_are_entries_with_their_level_and_fields():
+    """zap (epoch seconds in ``ts``), logrus (``time``), slog: a row per line at its time, the
+    level as the severity, the other keys after the message; a Kubernetes object or an audit
+    event on one line is no log line."""
+    lines = [
+        {"level": "error", "ts": 1627980000.25, "logger": "controller", "msg": "Reconciler error",
+         "error": "boom", "attempt": 3},
+        {"level": "info", "msg": "Starting server", "time": "2017-12-13T17:05:25Z"},
+        {"time": "2024-03-01T12:00:00.5+01:00", "level": "WARN", "msg": "slow", "took": "2s"},
+    ]
+    rows, report = run(b"\n".join(orjson.dumps(line) for line in lines) + b"\n", "op.log")
+    assert [row.received for row in rows] == [
+        datetime(2021, 8, 3, 8, 40, 0, 250000, tzinfo=UTC),
+        datetime(2017, 12, 13, 17, 5, 25, tzinfo=UTC),
+        datetime(2024, 3, 1, 11, 0, 0, 500000, tzinfo=UTC)]
+    assert [row.severity for row in rows] == ["error", "info", "warning"]
+    assert rows[0].message == "Reconciler error logger=controller error=boom attempt=3"
+    assert rows[2].message == "slow took=2s"
+    assert not report.skipped
+    for other in ({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "x"},
+                   "time": "2024-03-01T12:00:00Z", "message": "m", "level": "info"},
+                  {"auditID": "a", "level": "Metadata", "msg": "m", "time": "2024-03-01T12:00:00Z"},
+                  {"msg": "no time", "level": "info"}):
+        assert not sniff(orjson.dumps(other) + b"\n", "other.json")
+
+
+def test_sonobuoys_own_log_and_the_e2e_frameworks_are_read():
+    """``meta/run.log`` (logrus JSON) and the e2e framework's ``e2e.log`` (a timed line among
+    the suite's own: specs, steps, the "S" of skipped specs): every timed line an entry, the
+    lines after it part of it, at the run's times (2017-12-13, the year from the collection)."""
+    with tarfile.open(SONOBUOY) as archive:
+        files = {m.name.lstrip("./"): archive.extractfile(m).read() for m in archive.getmembers()
+                 if m.name.endswith(("meta/run.log", "plugins/e2e/results/e2e.log"))}
+    run_log, e2e = files["meta/run.log"], files["plugins/e2e/results/e2e.log"]
+    assert sniff(run_log[:65536], "meta/run.log") and sniff(e2e[:65536], "e2e.log")
+    rows, report = run(run_log, "meta/run.log")
+    entries = [orjson.loads(line) for line in run_log.splitlines() if line.strip()]
+    assert [row.received for row in rows] == [
+        datetime.fromisoformat(e["time"].replace("Z", "+00:00")) for e in entries]
+    assert [row.message.split(" ")[0] for row in rows] == [e["msg"].split(" ")[0]
+                                                         for e in entries]
+    timed = re.compile(rb"^Dec 13 (\d\d):(\d\d):(\d\d)\.(\d{3}): ", re.M)
+    rows, report = run(e2e, "e2e.log", hints=ParseHints(
+        collected=datetime(2017, 12, 13, 17, 8, tzinfo=UTC)))
+    stamps = [datetime(2017, 12, 13, *map(int, m.groups()[:3]), int(m.group(4)) * 1000,
+                       tzinfo=UTC) for m in timed.finditer(e2e)]
+    assert len(rows) == len(stamps) > 10
+    assert sorted(row.received for row in rows) == sorted(stamps)
+    assert any("STEP: " in row.message for row in rows)  # the steps go with their entry
+
+
 def test_go_time_strings_keep_their_zone():
     """Go's time.String(), as a must-gather's timestamp file holds it: the offset after a space,
     then the zone's name (read as UTC, the must-gather's end moved two hours later)."""

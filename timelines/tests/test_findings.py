@@ -219,14 +219,30 @@ def test_must_gather_events_make_one_finding_per_problem_and_owner(must_gather_f
         assert item["count"] == over[key]
     assert min(i["count"] for i in repeated) >= sorted(over.values())[-len(repeated)]
 
-    # bursts of Warning Events: each counts the Warning Events of its reason in its minutes
+    # bursts of Warning Events: each counts the Warning Events of its reason in its minutes,
+    # an Event's count spread evenly over the minutes from its first time to its last; none
+    # ends after the capture
+    def spread(event: dict) -> list[datetime]:
+        first, last = times_of(event)
+        start = first.replace(second=0, microsecond=0)
+        k = int((last.replace(second=0, microsecond=0) - start) / timedelta(minutes=1)) + 1
+        n = event.get("count") or 1
+        units = ([j * k // n for j in range(n)] if n <= k else
+                 [i for i in range(k) for _ in range(n * (i + 1) // k - n * i // k)])
+        return [start + timedelta(minutes=m) for m in units]
+
     bursts = of_kind(found, "warning-burst")
     assert bursts
+    spreads = [e for e in events if e.get("type") == "Warning" and (e.get("count") or 1) > 1
+               and times_of(e)[1] - times_of(e)[0] >= timedelta(minutes=2)]
+    assert spreads  # Events seen over minutes, whose counts are spread
+    capture = parse_time(bursts[0]["capture"])
     for item in bursts:
         start, end = parse_time(item["start"]), parse_time(item["end"])
-        assert item["count"] == sum(e.get("count") or 1 for e in events if (
-            e.get("type") == "Warning" and e.get("reason") == item["reason"]
-            and start <= times_of(e)[0] < end))
+        assert end <= capture + timedelta(microseconds=1)
+        assert item["count"] == sum(1 for e in events if e.get("type") == "Warning"
+                                    and e.get("reason") == item["reason"]
+                                    for minute in spread(e) if start <= minute < end)
 
 
 def test_must_gather_etcd_logs_give_their_slow_requests_as_one_finding(must_gather_files,

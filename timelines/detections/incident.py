@@ -21,6 +21,7 @@ import logging
 import os
 import pickle
 import time
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -514,6 +515,8 @@ class _Helper:
             with os.fdopen(writer, "wb") as out:
                 out.write(answer)
             code = 0
+        except BaseException:  # noqa: BLE001 - told on stderr; the parent tries the half
+            traceback.print_exc()
         finally:
             os._exit(code)
 

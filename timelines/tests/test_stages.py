@@ -229,3 +229,22 @@ def test_a_database_error_in_the_lane_beside_fails_the_completion(incident, demo
         registry.ALONGSIDE.discard("test lost database")
     upload = incident.uploads.get()
     assert (upload.status, upload.stage) == ("running", "ready")  # a retry completes it
+
+
+def test_an_uploads_progress_shows_at_the_first_report_then_once_a_second(incident, tmp_path):
+    """A large file's reading shows its progress at once (a 160 MB audit log is read in a
+    second: waiting a second first showed nothing until it was done), then at most once a
+    second."""
+    from timelines.ingest import pipeline
+    from timelines.parsers import Report
+
+    upload = Upload.objects.create(incident=incident, name="big.log", path=str(tmp_path / "x"),
+                                   status=Upload.Status.RUNNING, bytes_total=1000)
+    heard = []
+    progress = pipeline._Progress(upload.pk, Report("big.log"), 1000,
+                                  lambda read, total, rows: heard.append(read))
+    progress.parsed(100, 10)
+    assert Upload.objects.get(pk=upload.pk).bytes_read == 100
+    progress.parsed(200, 20)  # within the second
+    assert Upload.objects.get(pk=upload.pk).bytes_read == 100
+    assert heard == [100]

@@ -92,7 +92,7 @@ def test_the_text_filter_narrows_the_table(page, demo_log):
 
 def test_the_table_scrolls_inside_its_own_box(page):
     text = page()
-    assert re.search(r'<div class="scroll-x">\s*<table class="grid events">', text)
+    assert re.search(r'<div class="scroll-x events-box">\s*<table class="grid events">', text)
 
 
 def test_the_page_loads_the_timeline_scripts_from_this_server(page, settings):

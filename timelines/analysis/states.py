@@ -111,7 +111,9 @@ def add_states(events: QuerySet, problems: Problems, capture: datetime | None,
                 "init": bool(extra.get("init")), "last": bool(extra.get("last")),
                 "started": rfc3339(row["received"]),
                 "finished": rfc3339(row["completed"] or row["received"]),
-                "reason": cause.split(" exit code")[0], "exit_code": row["code"],
+                "reason": cause.split(" exit code")[0],
+                # (rows stored before the exit code left ``code`` still have it there)
+                "exit_code": extra.get("exit_code", row["code"]),
                 "restarts": row["count"], "event": row["id"]})
             if row["count"] is not None:
                 key = (kind, *pod, row["component"])

@@ -253,11 +253,14 @@ class StateBuilder:
                 code = terminated.get("exitCode")
                 code = code if isinstance(code, int) and not isinstance(code, bool) else None
                 bad = reason != "Completed" or code not in (0, None)
+                # the exit code in the annotations: ``code`` is a request's HTTP status, and
+                # an exit code 1 there counted among them (the Codes list, a code filter)
                 yield _Fact("ContainerTerminated", start or end, completed=end or start,
-                            span=True, container=name, count=count, code=code,
+                            span=True, container=name, count=count,
                             severity="Warning" if bad else "Normal",
                             message=f"{name}: {reason or 'terminated'} exit code {code}",
-                            annotations={**common, "last": last}, detail=container)
+                            annotations={**common, "last": last, "exit_code": code},
+                            detail=container)
             waiting = state.get("waiting")
             if isinstance(waiting, dict) and not last:
                 reason = str(waiting.get("reason") or "")

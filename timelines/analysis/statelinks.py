@@ -43,6 +43,7 @@ from ..models import BodyChunk, Event
 TOLERANCE = timedelta(seconds=2)
 VERBS = {"Created": "create", "DeletionRequested": "delete"}
 KEY = "linked_state"  # in a request's annotations: the state facts it carries
+STATE_FORMATS = ("k8s-events", "k8s-objects")  # the files whose parser makes state rows
 _GRACE = re.compile(r"grace period (\d+) s")
 _STATE_FIELDS = ("id", "reason", "resource", "namespace", "name", "object_uid", "received",
                  "completed", "message", "severity", "annotations", "audit_id", "source", "line",
@@ -54,6 +55,11 @@ def fold_state_into_requests(incident_id: int) -> int:
     also holds into that request; returns how many were folded."""
     # The state rows first: an incident of audit logs alone has none, and its create and delete
     # requests (a third of a synthetic million) are then not read on the way to the first answer.
+    # Its uploads say so without a pass over its events (only Events and objects files hold
+    # state; an incident without uploads, a stream's, is read).
+    uploads = Upload.objects.filter(incident_id=incident_id)
+    if uploads.exists() and not uploads.filter(format__in=STATE_FORMATS).exists():
+        return 0
     states = list(Event.objects.filter(
         incident_id=incident_id, kind=Event.Kind.STATE, reason__in=tuple(VERBS)).only(
         *_STATE_FIELDS))

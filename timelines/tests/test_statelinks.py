@@ -238,3 +238,17 @@ def test_a_request_replaced_by_a_later_copy_keeps_the_state_it_carries(tmp_path,
         assert row.completed == _at(request["stageTimestamp"])  # the later copy is the row
         assert row.annotations[KEY] == carried[request["auditID"]]
         assert row.annotations["authorization.k8s.io/decision"] == "allow"
+
+
+def test_an_incident_of_audit_logs_alone_is_not_read_for_state(incident, ingest_file,
+                                                               fixtures_dir):
+    """Its uploads say it holds no state row: no pass over its events for them."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from timelines.analysis.statelinks import fold_state_into_requests
+
+    assert ingest_file(incident, fixtures_dir / "audit" / "audit2rbac-demo.log").status == "done"
+    with CaptureQueriesContext(connection) as queries:
+        assert fold_state_into_requests(incident.pk) == 0
+    assert not [q for q in queries.captured_queries if "timelines_event" in q["sql"]]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
+import signal
 import time
 import traceback
 from collections import defaultdict
@@ -402,11 +404,13 @@ def evaluate(incident_id: int, ruleset: RuleSet, event_ids=None, pause=None) -> 
         helper = _Helper.start(bodies, theirs)
         if helper is not None:
             pointers = mine
+    own = time.perf_counter()
     missing = bodies.try_lines(pointers, found, pause)
     if helper is not None:
         # the second half's matches after the first's: each rule's ids in body order, as when
-        # one process tries them all
-        missing += helper.join(found)
+        # one process tries them all; it has the time this half took, many times over
+        patience = max(_Helper.MIN_PATIENCE, 10 * (time.perf_counter() - own))
+        missing += helper.join(found, patience)
     if missing:  # requests stored without their body: what their columns say
         for row in Event.objects.filter(incident_id=incident_id, pk__in=missing).values(
                 "id", "request_uri", *GROUP_COLUMNS):
@@ -474,6 +478,7 @@ class _Helper:
     here instead (``join``): never a match lost."""
 
     MIN_BODIES = 20_000  # fewer are not worth a process (forking: 10-20 ms)
+    MIN_PATIENCE = 60.0  # seconds the parent waits at least for the helper's answer
 
     def __init__(self, bodies: _Bodies, pointers: np.ndarray, pid: int, reader: int) -> None:
         self.bodies, self.pointers, self.pid, self.reader = bodies, pointers, pid, reader
@@ -494,9 +499,10 @@ class _Helper:
             os.close(writer)
             log.warning("detections: no second process (%s): one tries every body", exc)
             return None
-        if pid == 0:  # the child
+        if pid == 0:  # the child, which never returns from here
             os.close(reader)
             cls._child(bodies, pointers, writer)
+            os._exit(1)
         os.close(writer)
         return cls(bodies, pointers, pid, reader)
 
@@ -520,11 +526,24 @@ class _Helper:
         finally:
             os._exit(code)
 
-    def join(self, found: Matches) -> list[int]:
+    def join(self, found: Matches, patience: float) -> list[int]:
         """Add the helper's matches to ``found`` (or try its half here if it failed); returns
-        the ids of its requests stored without their body."""
-        with os.fdopen(self.reader, "rb") as answer:
-            data = answer.read()
+        the ids of its requests stored without their body. A helper that has not answered
+        within ``patience`` seconds (it hangs: a lock another thread held when it was forked,
+        say) is killed and its half tried here."""
+        data, deadline = bytearray(), time.monotonic() + patience
+        with os.fdopen(self.reader, "rb", buffering=0) as answer:
+            while (left := deadline - time.monotonic()) > 0:
+                if not select.select([answer], [], [], left)[0]:
+                    continue
+                piece = answer.read(1 << 20)
+                if not piece:
+                    break
+                data += piece
+            else:
+                log.warning("detections: the second process gave no answer in %.0f s: killed,"
+                            " its %d bodies are tried here", patience, len(self.pointers))
+                os.kill(self.pid, signal.SIGKILL)
         _, status = os.waitpid(self.pid, 0)
         if status == 0:
             try:

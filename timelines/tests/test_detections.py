@@ -252,3 +252,16 @@ def test_two_processes_try_the_bodies_as_one_does(falco, incident, monkeypatch, 
     assert "ended with status" in caplog.text
     assert dict(failed.ids) == dict(alone.ids)
     assert failed.bodies_read == alone.bodies_read
+
+    # one that hangs is killed once the parent's patience is out
+    import time
+
+    monkeypatch.setattr(module._Helper, "_child", staticmethod(lambda *args: time.sleep(120)))
+    monkeypatch.setattr(module._Helper, "MIN_PATIENCE", 1.0)
+    caplog.clear()
+    started_at = time.monotonic()
+    with caplog.at_level("WARNING", logger=module.__name__):
+        hung = evaluate(incident.pk, ruleset)
+    assert time.monotonic() - started_at < 30
+    assert "gave no answer" in caplog.text
+    assert dict(hung.ids) == dict(alone.ids)

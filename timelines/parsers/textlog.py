@@ -137,7 +137,8 @@ def _classify(text: str) -> _Start | None:
     if first == "{":
         if '"__REALTIME_TIMESTAMP"' in text:
             return _journal_json(text)
-        return _docker(text) if '"log"' in text else _json_log(text)
+        # (a structured line may hold the word "log" too: it is one if docker's shape fails)
+        return (_docker(text) if '"log"' in text else None) or _json_log(text)
     if first.isdigit():
         return _iso(text)
     if first == "t" and text.startswith('time="'):

@@ -174,13 +174,15 @@ def test_structured_loggers_json_lines_are_entries_with_their_level_and_fields()
          "error": "boom", "attempt": 3},
         {"level": "info", "msg": "Starting server", "time": "2017-12-13T17:05:25Z"},
         {"time": "2024-03-01T12:00:00.5+01:00", "level": "WARN", "msg": "slow", "took": "2s"},
+        {"time": "2024-03-01T12:00:01Z", "level": "info", "msg": "rotated", "file": "log"},
     ]
     rows, report = run(b"\n".join(orjson.dumps(line) for line in lines) + b"\n", "op.log")
     assert [row.received for row in rows] == [
         datetime(2021, 8, 3, 8, 40, 0, 250000, tzinfo=UTC),
         datetime(2017, 12, 13, 17, 5, 25, tzinfo=UTC),
-        datetime(2024, 3, 1, 11, 0, 0, 500000, tzinfo=UTC)]
-    assert [row.severity for row in rows] == ["error", "info", "warning"]
+        datetime(2024, 3, 1, 11, 0, 0, 500000, tzinfo=UTC),
+        datetime(2024, 3, 1, 12, 0, 1, tzinfo=UTC)]
+    assert [row.severity for row in rows] == ["error", "info", "warning", "info"]
     assert rows[0].message == "Reconciler error logger=controller error=boom attempt=3"
     assert rows[2].message == "slow took=2s"
     assert not report.skipped

@@ -394,16 +394,11 @@ def problem_insights(problems: Problems, capture: datetime | None) -> list[dict]
     return found
 
 
-def steps(events: QuerySet, kinds: Callable[[], set[str]] | None = None
-          ) -> list[tuple[str, Callable[[], list]]]:
+def steps(events: QuerySet, kinds: Callable[[], set[str]]) -> list[tuple[str, Callable[[], list]]]:
     """(name, function) of each part, for ``insights.steps``: Events and logs, then object
     state (``states``), their problems merged, then the counts of Events. ``kinds()``: the
     kinds of the incident's events (``insights.kinds_of``); a part whose kind is not there
     reads nothing (each read is a pass over the incident: 0.1-0.3 s at 500,000 events)."""
-    if kinds is None:
-        def kinds() -> set[str]:
-            return {"event", "log", "state", "audit"}
-
     shared: dict = {}
 
     def gather() -> list:

@@ -278,7 +278,7 @@ def _row(event: dict[str, Any], line_bytes: bytes | None, number: int, source: s
 def _build_row(event: dict[str, Any], line_bytes: bytes | None, number: int, source: str,
                report: Report, redactor: Redactor) -> AuditRow:
     if line_bytes is None or redactor.needs_walk(event, line_bytes):
-        replaced = redactor.redact_event(event)
+        replaced = redactor.redact_event(event, line_bytes)
         if replaced or line_bytes is None:
             report.redacted += replaced
             line_bytes = orjson.dumps(event)

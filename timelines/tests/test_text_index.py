@@ -263,3 +263,41 @@ def test_sqlite_the_index_finds_exactly_what_the_database_finds(texts):
 @pytest.mark.embedded
 def test_sqlite_a_term_no_event_holds_reads_no_event(texts, client):
     test_a_term_no_event_holds_reads_no_event(texts, client)
+
+
+def test_the_text_is_folded_here_where_that_folds_it_as_postgresql_does(
+        incident, monkeypatch):
+    """The build reads ASCII chunks as stored and folds them itself, and has PostgreSQL fold
+    the others (non-ASCII letters, separators inside a value): the blocks hold exactly what
+    PostgreSQL's ``upper`` of every value, stand-ins for separators, gives."""
+    monkeypatch.setattr(textblocks, "_TEXT_CHUNK", 50)
+    _store(incident, _text_rows())
+    folded = " || E'\\x02' || ".join(
+        f"translate(upper({c}), E'\\x01\\x02', E'\\x03\\x03')" for c in textblocks.TEXT_COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT string_agg({folded}, E'\\x01' ORDER BY received, id)"
+                       " FROM timelines_event WHERE incident_id = %s", [incident.pk])
+        expected = cursor.fetchone()[0].encode("utf-8")
+        cursor.execute("SELECT received FROM timelines_event WHERE incident_id = %s"
+                       " ORDER BY received, id", [incident.pk])
+        received = np.array([columns.microseconds(r) for (r,) in cursor.fetchall()])
+
+    class Collect:
+        def __init__(self):
+            self.blobs = []
+
+        def add(self, blob, events):
+            self.blobs.append(blob)
+
+    for here in (True, False):
+        monkeypatch.setattr(textblocks, "_folds_here", lambda here=here: here)
+        collect = Collect()
+        with CaptureQueriesContext(connection) as queries:
+            textblocks.read_postgres(incident.pk, received, collect)
+        assert textblocks.EVENT.join(b for b in collect.blobs if b) == expected
+        by_postgres = sum("upper(" in q["sql"] for q in queries.captured_queries)
+        chunks = len(collect.blobs)
+        if here:  # the odd texts' chunks only
+            assert 0 < by_postgres < chunks > 10
+        else:
+            assert by_postgres == chunks

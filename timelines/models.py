@@ -113,6 +113,9 @@ class Event(models.Model):
             models.UniqueConstraint(fields=["incident", "received", "audit_id"],
                                     name="event_request_identity"),
         ]
+        # On PostgreSQL these two are each partition's own, not the partitioned table's (migration
+        # 0010): a bulk load builds them after its first answer (``ingest.bulk``). Django's view
+        # is the same; an operation that drops or renames them by these names would not be.
         indexes = [
             models.Index(fields=["incident", "resource", "namespace", "name", "received"],
                          name="event_object"),

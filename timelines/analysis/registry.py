@@ -268,11 +268,14 @@ def _register_builtin() -> None:
     if _registered:
         return
     _registered = True
+    from ..ingest.bulk import index_partition
     from ..reads.queries import build_column_index, warm_overview
     from . import insights, pods_views
 
     after_ready("column index", alongside=True)(build_column_index)
     after_ready("overview", alongside=True)(lambda incident_id: warm_overview(
         incident_id, cache_figures=cache_figures()))
+    # after the column index, which the detections wait for
+    after_ready("partition indexes", alongside=True)(index_partition)
     after_ready("insights")(insights.refresh_after_ingest)
     after_ready("pod facts")(lambda incident_id: cache_figures() and pods_views.warm(incident_id))

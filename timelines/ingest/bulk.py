@@ -19,6 +19,10 @@ Invariants:
   or, if the incident has a partition already or the attach fails, merges the rows into the
   store with the store's ``ON CONFLICT`` rule and drops the table. One transaction: rows are
   never lost; either way each load upload's ``new_events`` is what it added.
+- The parent's indexes (the primary key and the request identity) are built before the attach;
+  the partition's own (``PARTITION_INDEXES``: by object and by user, migration 0010) after the
+  first answer, by ``index_partition`` (an analysis of ``timelines.analysis.registry``). Until
+  then the partition's reads are exact, without those two shortcuts.
 - ``drop_incident_partition`` is the fast way to delete an incident's events (the purge of a
   deleted incident uses it, ``timelines.ingest.purge``).
 - A load whose incident is deleted meanwhile becomes visible nowhere: every batch and the end of
@@ -48,6 +52,12 @@ log = logging.getLogger(__name__)
 # Building the indexes: enough memory to sort in one pass, and room for the parallel workers
 # (PostgreSQL gives each participant at least 32 MB, else it plans fewer).
 INDEX_MEMORY = "256MB"
+# Each partition's own indexes (name → columns; migration 0010 made them so): a partition of a
+# bulk load gets them after its first answer (``index_partition``), the DEFAULT one has them.
+PARTITION_INDEXES = {
+    "event_object": "(incident_id, resource, namespace, name, received)",
+    "event_actor": "(incident_id, username, received)",
+}
 
 
 @dataclass
@@ -152,6 +162,29 @@ def drop_incident_partition(incident_id: int) -> bool:
         cursor.execute(f"ALTER TABLE timelines_event DETACH PARTITION {partition}")
         cursor.execute(f"DROP TABLE {partition}")
     return True
+
+
+def index_partition(incident_id: int) -> list[str]:
+    """Build the indexes of ``PARTITION_INDEXES`` that the incident's partition lacks (none if
+    it has no partition: its events are in the DEFAULT one); returns the names built. Each in a
+    transaction of its own, usable once built. A plain ``CREATE INDEX``: reads go on meanwhile;
+    a write to the partition (another load merged into the incident) waits for it."""
+    if connection.vendor != "postgresql":
+        return []
+    partition = partition_table(incident_id)
+    built = []
+    for name, columns in PARTITION_INDEXES.items():
+        own = f"{name}_{int(incident_id)}"
+        with transaction.atomic(), connection.cursor() as cursor:
+            if not _is_partition(cursor, partition):
+                return built
+            cursor.execute("SELECT to_regclass(%s)", [own])
+            if cursor.fetchone()[0] is not None:
+                continue
+            cursor.execute(f"SET LOCAL maintenance_work_mem = '{INDEX_MEMORY}'")
+            cursor.execute(f"CREATE INDEX {own} ON {partition} {columns}")
+            built.append(own)
+    return built
 
 
 # --- steps -------------------------------------------------------------------------------------

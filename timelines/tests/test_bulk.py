@@ -423,6 +423,68 @@ def test_a_small_load_or_an_existing_incident_goes_through_the_store(tmp_path, s
 
 # --- the schema --------------------------------------------------------------------------------
 
+def indexes_of(table: str) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
+                       " WHERE x.indrelid = to_regclass(%s)", [table])
+        return {name for (name,) in cursor.fetchall()}
+
+
+def plan(sql: str, params: list) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")  # a few rows: the index if there is one
+        cursor.execute("EXPLAIN " + sql, params)
+        text = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    return text
+
+
+def test_the_object_and_user_indexes_come_after_the_first_answer(tmp_path, incident):
+    """Attached with the indexes its parent requires (the request identity, the primary key),
+    a load is readable; its own indexes by object and by user are built after, by the
+    analyses, and the reads by user use them then. The DEFAULT partition has its own."""
+    path = write_log(tmp_path / "a.log", *(audit_event(f"r{n}", "ResponseComplete", second=n,
+                                                        user=f"u{n % 3}") for n in range(30)))
+    load(incident, [path])
+    partition = bulk.partition_table(incident.pk)
+    parent = {"timelines_event_pkey", "event_request_identity"}
+    own = {f"{name}_{incident.pk}" for name in bulk.PARTITION_INDEXES}
+    assert indexes_of("timelines_event") == parent
+    assert indexes_of(partition) == {f"{name}_{incident.pk}" for name in parent}
+    by_user = ("SELECT id FROM timelines_event WHERE incident_id = %s AND username = %s"
+               " ORDER BY received")
+    assert f"event_actor_{incident.pk}" not in plan(by_user, [incident.pk, "u1"])
+    expected = list(Event.objects.filter(incident=incident, username="u1")
+                    .order_by("received").values_list("pk", flat=True))
+    assert len(expected) == 10
+
+    assert sorted(bulk.index_partition(incident.pk)) == sorted(own)
+
+    assert indexes_of(partition) == {f"{name}_{incident.pk}" for name in parent} | own
+    assert f"event_actor_{incident.pk}" in plan(by_user, [incident.pk, "u1"])
+    with connection.cursor() as cursor:
+        cursor.execute(by_user, [incident.pk, "u1"])
+        assert [pk for (pk,) in cursor.fetchall()] == expected
+    assert bulk.index_partition(incident.pk) == []  # built once
+    other = Incident.objects.create(title="in the default partition")
+    assert bulk.index_partition(other.pk) == []
+    assert {f"{name}_default" for name in bulk.PARTITION_INDEXES} <= indexes_of(
+        "timelines_event_default")
+
+
+def test_the_command_builds_the_partition_indexes_with_its_analyses(tmp_path, settings):
+    settings.BULK_LOAD_MIN_BYTES = 0
+    path = write_log(tmp_path / "a.log", *(audit_event(f"r{n}", "ResponseComplete", second=n)
+                                           for n in range(5)))
+    summary = run_ingest(path, incident="bulk", wait_complete=True)
+
+    incident_id = summary["incident"]["id"]
+    assert has_partition(incident_id)
+    assert {f"{name}_{incident_id}" for name in bulk.PARTITION_INDEXES} <= indexes_of(
+        bulk.partition_table(incident_id))
+    assert [u["stage"] for u in summary["uploads"]] == ["complete"]
+
+
 def test_the_models_match_the_migrations():
     call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
 
@@ -455,6 +517,11 @@ def test_the_partitioning_migration_reverses_with_every_row(tmp_path, incident, 
     assert sorted(Event.objects.values_list("pk", "incident_id", "audit_id")) == before
     with connection.cursor() as cursor:
         assert _body_storage(cursor) == "e"
+    # 0010 again (every row now in the DEFAULT partition): the object and user indexes are
+    # the partition's own, not the parent's
+    assert not indexes_of("timelines_event") & set(bulk.PARTITION_INDEXES)
+    assert {f"{name}_default" for name in bulk.PARTITION_INDEXES} <= indexes_of(
+        "timelines_event_default")
     created = Event.objects.create(incident=other, audit_id="y", received="2024-05-01T11:00Z")
     assert created.pk > max(pk for pk, _, _ in before)
 

@@ -12,10 +12,11 @@ Adding an analysis is one line, a function of the incident's id, registered with
     def refresh_findings(incident_id: int) -> None: ...
 
 in a module that this one imports (``_register_builtin`` below), or here. Those registered
-``alongside=True`` (the column index, then the overview counted from it) run in a thread of their
-own beside the others, on PostgreSQL outside a caller's transaction: the others are mostly
-queries too, so the two lanes keep both CPUs busy (the detections wait for the column index they
-read, ``timelines.store.columns.wait_built``). An analysis must be
+``alongside=True`` (the column index, the overview counted from it, then a bulk load's
+partition indexes) run in a thread of their own beside the others, on PostgreSQL outside a
+caller's transaction: the others are mostly queries too, so the two lanes keep both CPUs busy
+(the detections wait for the column index they read, ``timelines.store.columns.wait_built``).
+An analysis must be
 idempotent (a lost run is run again) and must not change what reads answer, only how fast:
 every reader computes what it needs itself when an analysis has not run yet. Its failure is
 logged and does not stop the others; database connection errors propagate, so that the

@@ -20,7 +20,8 @@ The build reads the texts from the database in the index's order (``read_postgre
 
 The texts are stored as the database compares them: ``icontains`` compares ``UPPER(column)``
 with ``UPPER(term)`` on PostgreSQL, and on SQLite uses ``LIKE``, which folds ASCII letters
-only. The build takes the upper case from the database itself (PostgreSQL) or folds ASCII
+only. The build takes the upper case from the database itself (PostgreSQL: ASCII text is
+folded here when the database's ``upper`` folds it so, ``read_postgres``) or folds ASCII
 (SQLite), and a term is folded the same way when it is looked for (``fold``), so a match here is
 a match there, character for character; tests compare both on every term kind. The separators
 and ``\\x03``, which stands for them inside a value, are never part of a term that the index

@@ -318,3 +318,19 @@ def test_the_incident_list_counts_a_bundle_s_events_once(owner_client, incident,
     row = re.search(link + r".*?</tr>", page, re.S)
     cells = re.findall(r"<td>(\d+)</td>", row.group(0))
     assert cells == ["1", str(len(requests_in(log)))]  # one upload, its events once
+
+
+def test_the_page_path_is_the_one_the_urlconf_makes(incident):
+    """``Incident.page_path`` (``manage.py ingest`` prints it without importing the views)
+    names the page ``incidents:detail`` serves, under a script prefix too."""
+    from django.urls import get_script_prefix, set_script_prefix
+
+    before = get_script_prefix()
+    try:
+        for prefix in ("/", "/hindsight/"):
+            set_script_prefix(prefix)
+            assert incident.page_path() == incident.get_absolute_url() == reverse(
+                "incidents:detail", args=[incident.pk])
+            assert incident.page_path().startswith(prefix)
+    finally:
+        set_script_prefix(before)

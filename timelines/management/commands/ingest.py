@@ -209,7 +209,7 @@ class Command(BaseCommand):
                 self._report(upload, options["json"])
             if inside:
                 self._report_bundle(upload, inside, options["json"])
-        url = settings.SITE_URL + incident.get_absolute_url()
+        url = settings.SITE_URL + incident.page_path()
         if options["json"]:
             summary = {
                 "incident": {"id": incident.pk, "title": incident.title, "url": url},

@@ -234,17 +234,21 @@ def test_a_database_error_in_the_lane_beside_fails_the_completion(incident, demo
 def test_an_uploads_progress_shows_at_the_first_report_then_once_a_second(incident, tmp_path):
     """A large file's reading shows its progress at once (a 160 MB audit log is read in a
     second: waiting a second first showed nothing until it was done), then at most once a
-    second."""
+    second. A small one (a bundle holds thousands) writes none at its first report: its
+    outcome, a moment later, says the same."""
     from timelines.ingest import pipeline
     from timelines.parsers import Report
 
-    upload = Upload.objects.create(incident=incident, name="big.log", path=str(tmp_path / "x"),
-                                   status=Upload.Status.RUNNING, bytes_total=1000)
-    heard = []
-    progress = pipeline._Progress(upload.pk, Report("big.log"), 1000,
-                                  lambda read, total, rows: heard.append(read))
-    progress.parsed(100, 10)
-    assert Upload.objects.get(pk=upload.pk).bytes_read == 100
-    progress.parsed(200, 20)  # within the second
-    assert Upload.objects.get(pk=upload.pk).bytes_read == 100
-    assert heard == [100]
+    large = pipeline.THREAD_MIN_BYTES
+    for total, first in ((large, 100), (large - 1, 0)):
+        upload = Upload.objects.create(incident=incident, name="big.log",
+                                       path=str(tmp_path / "x"),
+                                       status=Upload.Status.RUNNING, bytes_total=total)
+        heard = []
+        progress = pipeline._Progress(upload.pk, Report("big.log"), total,
+                                      lambda read, total, rows, heard=heard: heard.append(read))
+        progress.parsed(100, 10)
+        assert Upload.objects.get(pk=upload.pk).bytes_read == first
+        progress.parsed(200, 20)  # within the second
+        assert Upload.objects.get(pk=upload.pk).bytes_read == first
+        assert heard == ([first] if first else [])

@@ -50,7 +50,7 @@ def _start_child() -> None:
 
 
 def _ingest_in_child(upload_id: int, table: str | None = None) -> int:
-    ingest_upload(upload_id, table=table, complete=False)
+    ingest_upload(upload_id, table=table, complete=False, reread=False)
     return upload_id
 
 
@@ -172,7 +172,7 @@ class Command(BaseCommand):
                 for upload_id in files:
                     name = Upload.objects.filter(pk=upload_id).values_list("name", flat=True)[0]
                     ingest_upload(upload_id, on_progress=self._progress(name), table=table,
-                                  complete=False)
+                                  complete=False, reread=False)
                     if self.stderr.isatty():
                         self.stderr.write("\r\033[K", ending="", style_func=str)
                     if table is None:

@@ -125,8 +125,11 @@ def finish_load(incident_id: int, table: str,
         # table is dropped by the purge): if the incident was deleted meanwhile, nothing of the
         # load becomes visible (IncidentGone, all of this rolled back).
         hold_incident(incident_id)
-        for upload_id, new in uploads.items():
-            Upload.objects.filter(pk=upload_id).update(new_events=new)
+        # one statement for all of them (a bundle loads thousands of files)
+        counted = {u: n for u, n in uploads.items() if u is not None}
+        cursor.execute(f"UPDATE {Upload._meta.db_table} u SET new_events = v.n FROM"
+                       " (SELECT unnest(%s::bigint[]) AS id, unnest(%s::bigint[]) AS n) v"
+                       " WHERE u.id = v.id", [list(counted), list(counted.values())])
         # The rows become visible now: a new finished_at makes a new data version, so nothing
         # counted or cached while they were not (aggregate.data_version) outlives this commit.
         Upload.objects.filter(pk__in=[u for u in uploads if u is not None]).exclude(

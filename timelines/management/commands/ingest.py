@@ -188,9 +188,9 @@ class Command(BaseCommand):
             # Also after an error or an interrupt: what was loaded so far is kept.
             if table is not None:
                 self._finish_load(incident.pk, table, files)
-        if table is not None:
-            for upload_id in files:
-                self._report(Upload.objects.get(pk=upload_id), options["json"])
+        if table is not None:  # the loose files (a bundle's summary speaks for its own)
+            for upload in Upload.objects.filter(pk__in=files, parent=None).order_by("pk"):
+                self._report(upload, options["json"])
         # Files were ingested in parallel: a log whose lines have no year may have been read
         # before the evidence that gives it one (timelines.ingest.years; logged, and in --json
         # the file's notes).

@@ -543,3 +543,22 @@ def test_body_chunks_are_stored_without_a_second_compression(incident, ingest_fi
     assert events.count() > 10
     for event in events:
         assert event.body()["auditID"] == event.audit_id
+
+
+def test_the_commands_processes_commit_without_waiting_for_the_flush():
+    """Told once per connection of a process (again on a new one), not at the pool's start."""
+    from timelines.management.commands import ingest
+
+    def setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            return cursor.fetchone()[0]
+
+    assert setting() == "on"
+    ingest._commit_without_waiting()
+    assert setting() == "off"
+    connection.close()
+    assert setting() == "on"  # a new connection
+    ingest._commit_without_waiting()
+    assert setting() == "off"
+    connection.close()

@@ -47,16 +47,29 @@ def _start_child() -> None:
     # The forked copy of the parent's connection must not be used: each process opens its own,
     # once, and keeps it for all the files it ingests (a bundle holds thousands of small ones).
     connections.close_all()
-    # Each of those files commits a few times (the claim, its rows, its outcome): none waits
-    # for its WAL flush (3-4 ms here). The commit that makes the incident's events visible
-    # does (the parent's: ``bulk.finish_load``, or the completion's), and flushes all before
-    # it. A crash loses at most the last moments, which leave their uploads to be ingested
-    # again (idempotent), never rows without their upload's record (the WAL is in order).
-    with connection.cursor() as cursor:
-        cursor.execute("SET synchronous_commit = off")
+
+
+_committing_without_waiting = None  # the connection of this process told so
+
+
+def _commit_without_waiting() -> None:
+    """Each of a process's files commits a few times (the claim, its rows, its outcome): none
+    waits for its WAL flush (3-4 ms here). The commit that makes the incident's events visible
+    does (the parent's: ``bulk.finish_load``, or the completion's), and flushes all before it.
+    A crash loses at most the last moments, which leave their uploads to be ingested again
+    (idempotent), never rows without their upload's record (the WAL is in order). Told once
+    per connection, here rather than when the process starts: a database that cannot be
+    reached fails the file, as any query would, instead of the pool's start."""
+    global _committing_without_waiting
+    connection.ensure_connection()
+    if _committing_without_waiting is not connection.connection:
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit = off")
+        _committing_without_waiting = connection.connection
 
 
 def _ingest_in_child(upload_id: int, table: str | None = None) -> int:
+    _commit_without_waiting()
     ingest_upload(upload_id, table=table, complete=False, reread=False)
     return upload_id
 

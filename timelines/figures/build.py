@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import NamedTuple
 
-from .lanes import GROUPS, OTHER_LANES, lane_name, lane_of, short_label
+from .lanes import GROUPS, OTHER_LANES, lane_name, lane_of, short_labels
 
 MAX_SPANS = 20_000
 HEATMAP_BINS = 200
@@ -319,7 +319,7 @@ def build_gantt_figure(spans: Iterable[Span | Bar], *, group: str = "object",
         lift = DETECTION_LIFT_PX * shown / (_height(shown) - FRAME_PX)
         data += _detection_traces(detected, detections, strings, lift)
     layout = _layout(names, yaxis={"tickmode": "array", "tickvals": list(range(len(names))),
-                                   "ticktext": [short_label(name) for name in names]})
+                                   "ticktext": short_labels(names)})
     layout["hovermode"] = "closest"
     if left is not None and right is not None and right > left:
         # A side the caller did not fix gets a margin: the first and last events would
@@ -542,7 +542,7 @@ def build_heatmap_figure(counts: LaneCounts) -> dict:
     decades = range(int(math.log10(busiest)) + 1 if busiest else 1)
     layout = _layout(counts.lanes, yaxis={
         "type": "category", "tickmode": "array", "tickvals": counts.lanes,
-        "ticktext": [short_label(lane) for lane in counts.lanes]})
+        "ticktext": short_labels(counts.lanes)})
     layout["xaxis"]["range"] = [bins.start.isoformat(), end.isoformat()]
     return {
         "data": [{"type": "heatmap", "x0": (bins.start + bins.width / 2).isoformat(),

@@ -11,7 +11,8 @@ One rule, read by every side that names lanes: the Gantt and the heatmap
 
 A heatmap shows the most active lanes and sums the others into one ``OTHER_LANES`` row; a lane
 name longer than ``LABEL_CHARS`` is shortened in the middle for its tick label
-(``short_label``), and kept whole in the figure's ``lanes``.
+(``short_label``; ``short_labels`` keeps the labels of a figure's lanes apart), and kept whole
+in the figure's ``lanes``.
 """
 
 from __future__ import annotations
@@ -82,3 +83,41 @@ def short_label(name: str, limit: int = LABEL_CHARS) -> str:
         return name
     head = (limit - 1) * 2 // 5
     return f"{name[:head]}…{name[len(name) - (limit - 1 - head):]}"
+
+
+def short_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
+    """The tick labels of lanes: each one's ``short_label``, unless two lanes would show the
+    same, as the static pods of a must-gather do (``pods/openshift-kube-apiserver/
+    kube-apiserver-ip-10-0-1-2.ec2.internal`` and ``pods/openshift-kube-controller-manager/
+    kube-controller-manager-ip-10-0-1-2.ec2.internal`` both gave ``pods/openshift-ku…-10-0-1-2
+    .ec2.internal``). Those drop what lies between the resource and the object's name first
+    (``pods/…/kube-apiserver-ip-…``), else keep only the end (``…`` and as much of it as
+    fits); lanes that still look alike keep their label, and their hover text tells them
+    apart."""
+    labels = [short_label(name, limit) for name in names]
+    groups: dict[str, list[int]] = {}
+    for index, label in enumerate(labels):
+        groups.setdefault(label, []).append(index)
+    taken = set(labels)
+    for label, indexes in groups.items():
+        if len(indexes) < 2:
+            continue
+        for shorten in (_without_middle, _end_only):
+            tried = [shorten(names[i], limit) for i in indexes]
+            if len(set(tried)) == len(tried) and not (set(tried) - {label}) & taken:
+                for index, new in zip(indexes, tried, strict=True):
+                    labels[index] = new
+                taken.update(tried)
+                break
+    return labels
+
+
+def _without_middle(name: str, limit: int) -> str:
+    parts = name.split("/")
+    if len(parts) < 3:
+        return short_label(name, limit)
+    return short_label(f"{parts[0]}/…/{parts[-1]}", limit)
+
+
+def _end_only(name: str, limit: int) -> str:
+    return name if len(name) <= limit else "…" + name[len(name) - (limit - 1):]

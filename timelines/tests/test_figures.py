@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -25,7 +26,7 @@ from timelines.figures.build import (
     microseconds,
     object_lifespans,
 )
-from timelines.figures.lanes import LABEL_CHARS, OTHER_LANES, short_label
+from timelines.figures.lanes import LABEL_CHARS, OTHER_LANES, short_label, short_labels
 
 T0 = datetime(2024, 2, 1, 10, 0, tzinfo=UTC)
 
@@ -40,9 +41,10 @@ def _ms(seconds: float) -> float:
 
 
 def _span(pk, *, start=0.0, end=0.5, verb="get", code=200, kind="audit", name="web",
-          user="alice", resource="deployments", subresource="", reason="") -> Span:
+          user="alice", resource="deployments", subresource="", reason="",
+          namespace="shop") -> Span:
     return Span(pk, kind, _at(start), None if end is None else _at(end), verb, code,
-                resource, "shop", name, user, "kubectl", "node-1.log", reason, subresource)
+                resource, namespace, name, user, "kubectl", "node-1.log", reason, subresource)
 
 
 def _trace(figure, name):
@@ -405,6 +407,50 @@ def test_a_long_lane_name_is_shortened_in_the_middle_and_kept_whole_in_lanes():
     assert figure["lanes"] == names
     assert figure["layout"]["yaxis"]["ticktext"] == [short_label(n) for n in names]
     assert all(len(t) <= LABEL_CHARS for t in figure["layout"]["yaxis"]["ticktext"])
+
+
+# A must-gather's static pods: the same namespace prefix and node, the component between
+STATIC_PODS = [f"pods/openshift-{component}/{component.removeprefix('openshift-')}-ip-10-0-195-177"
+               ".ec2.internal" for component in ("kube-apiserver", "kube-controller-manager",
+                                                 "kube-scheduler", "etcd")]
+
+
+def test_lanes_that_would_look_alike_get_labels_that_tell_them_apart():
+    others = ["pods/shop/web", "pods/openshift-kube-apiserver/kube-apiserver-ip-10-0-1-2.internal"]
+    names = STATIC_PODS + others
+    assert len({short_label(n) for n in STATIC_PODS}) < len(STATIC_PODS)  # the trouble
+
+    labels = short_labels(names)
+
+    assert len(set(labels)) == len(names)
+    before = Counter(short_label(n) for n in names)
+    alone = [(n, label) for n, label in zip(names, labels, strict=True)
+             if before[short_label(n)] == 1]
+    assert [label for _, label in alone] == [short_label(n) for n, _ in alone]  # as before
+    assert len(alone) == 3  # etcd's, and the two others
+    for name, label in zip(names, labels, strict=True):
+        if before[short_label(name)] == 1:
+            continue
+        assert len(label) <= LABEL_CHARS
+        resource, _, rest = label.partition("/…/")
+        head, _, tail = rest.partition("…")
+        object_name = name.rsplit("/", 1)[1]
+        assert name.startswith(resource + "/") and object_name.startswith(head)
+        assert object_name.endswith(tail)
+    # no better label to be had: the same resource and name, the namespaces apart in the middle
+    alike = [f"pods/openshift-{n}-{'x' * 30}/prometheus-0" for n in ("a", "b")]
+    assert short_labels(alike) == [short_label(n) for n in alike]
+    assert short_labels([]) == []
+
+
+def test_the_figures_label_their_lanes_apart():
+    spans = [_span(n, start=n, resource="pods", namespace=name.split("/")[1],
+                   name=name.split("/")[2]) for n, name in enumerate(STATIC_PODS)]
+    figure = build_gantt_figure(spans)
+
+    assert figure["lanes"] == STATIC_PODS
+    assert figure["layout"]["yaxis"]["ticktext"] == short_labels(STATIC_PODS)
+    assert len(set(figure["layout"]["yaxis"]["ticktext"])) == len(STATIC_PODS)
 
 
 def test_the_first_page_of_many_lanes_is_shown_at_a_readable_height():

@@ -562,3 +562,40 @@ def test_the_commands_processes_commit_without_waiting_for_the_flush():
     ingest._commit_without_waiting()
     assert setting() == "off"
     connection.close()
+
+
+class _Terminal(StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_command_reports_its_loose_files_and_a_bundle_as_one(tmp_path, settings, jobs,
+                                                                 monkeypatch):
+    """Each loose file gets its line (and, on a terminal, its progress by name); a bundle's
+    files are told by the bundle's summary, not one by one."""
+    from pathlib import Path
+
+    from timelines.ingest import pipeline
+
+    settings.BULK_LOAD_MIN_BYTES = 1 << 40  # through the store, file by file
+    monkeypatch.setattr(pipeline, "THREAD_MIN_BYTES", 1)  # progress at the first report
+    path = write_log(tmp_path / "loose.log", audit_event("r1", "ResponseComplete"))
+    bundle = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "bundles" / (
+        "troubleshoot-supportbundle-baseline.tar.gz")
+    out, err = StringIO(), _Terminal()
+    call_command("ingest", str(path), str(bundle), incident="report", jobs=jobs,
+                 wait_complete=True, stdout=out, stderr=err)
+
+    lines = out.getvalue().splitlines()
+    assert len([line for line in lines if line.startswith("loose.log: running, 1 events")]) == 1
+    if jobs == 1:  # the progress of a file read in this process
+        progress = err.getvalue().replace("\r\033[K", "\n").splitlines()
+        assert any(line.startswith("loose.log:") and "%" in line for line in progress)
+    bundle_lines = [line for line in lines if line.startswith(bundle.name)]
+    assert len(bundle_lines) == 1 and "files (" in bundle_lines[0]
+    files = Upload.objects.filter(parent__name=bundle.name)
+    assert files.count() > 100
+    assert not [line for line in lines
+                if any(line.startswith(f"{name}:") for name in files.values_list("name",
+                                                                                flat=True))]

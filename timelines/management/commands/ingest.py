@@ -190,12 +190,11 @@ class Command(BaseCommand):
                 self._ingest_in_processes(files, jobs, options["json"], table)
             else:
                 for upload_id in files:
-                    name = Upload.objects.filter(pk=upload_id).values_list("name", flat=True)[0]
-                    ingest_upload(upload_id, on_progress=self._progress(name), table=table,
+                    ingest_upload(upload_id, on_progress=self._progress(upload_id), table=table,
                                   complete=False, reread=False)
                     if self.stderr.isatty():
                         self.stderr.write("\r\033[K", ending="", style_func=str)
-                    if table is None:
+                    if table is None and upload_id in self._top:  # not a bundle's file
                         self._report(Upload.objects.get(pk=upload_id), options["json"])
         finally:
             # Also after an error or an interrupt: what was loaded so far is kept.
@@ -335,7 +334,7 @@ class Command(BaseCommand):
         with context.Pool(jobs, initializer=_start_child) as pool:
             for upload_id in pool.imap_unordered(partial(_ingest_in_child, table=table),
                                                  upload_ids):
-                if table is None:
+                if table is None and upload_id in self._top:  # not a bundle's file
                     self._report(Upload.objects.get(pk=upload_id), as_json)
 
     @staticmethod
@@ -375,10 +374,11 @@ class Command(BaseCommand):
             + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result.seconds.items())
             + ")")
 
-    def _progress(self, name: str):
+    def _progress(self, upload_id: int):
         """A progress line on a terminal (stderr, so that --json output stays clean)."""
         if not self.stderr.isatty():
             return None
+        name = Upload.objects.filter(pk=upload_id).values_list("name", flat=True)[0]
 
         def show(done: int, total: int, rows: int) -> None:
             percent = 100 * done / total if total else 0

@@ -92,7 +92,8 @@ def short_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
     kube-controller-manager-ip-10-0-1-2.ec2.internal`` both gave ``pods/openshift-ku…-10-0-1-2
     .ec2.internal``). Those drop what lies between the resource and the object's name first
     (``pods/…/kube-apiserver-ip-…``), else keep only the end (``…`` and as much of it as
-    fits); lanes that still look alike keep their label, and their hover text tells them
+    fits), else only the parts in which they differ (a log file's path: ``…/kube-apiserver-
+    ip-…``); lanes that still look alike keep their label, and their hover text tells them
     apart."""
     labels = [short_label(name, limit) for name in names]
     groups: dict[str, list[int]] = {}
@@ -102,8 +103,9 @@ def short_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
     for label, indexes in groups.items():
         if len(indexes) < 2:
             continue
-        for shorten in (_without_middle, _end_only):
-            tried = [shorten(names[i], limit) for i in indexes]
+        group = [names[i] for i in indexes]
+        for tried in ([_without_middle(name, limit) for name in group],
+                      [_end_only(name, limit) for name in group], _differing(group, limit)):
             if len(set(tried)) == len(tried) and not (set(tried) - {label}) & taken:
                 for index, new in zip(indexes, tried, strict=True):
                     labels[index] = new
@@ -121,3 +123,13 @@ def _without_middle(name: str, limit: int) -> str:
 
 def _end_only(name: str, limit: int) -> str:
     return name if len(name) <= limit else "…" + name[len(name) - (limit - 1):]
+
+
+def _differing(group: list[str], limit: int) -> list[str]:
+    """The parts (between slashes) in which names of as many parts differ: a container's
+    ``…/logs/current.log`` on each node differs in its pod's part only."""
+    parts = [name.split("/") for name in group]
+    if len({len(p) for p in parts}) != 1:
+        return group
+    differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
+    return [short_label("…/" + "/".join(p[i] for i in differ), limit) for p in parts]

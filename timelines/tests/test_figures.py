@@ -443,6 +443,23 @@ def test_lanes_that_would_look_alike_get_labels_that_tell_them_apart():
     assert short_labels([]) == []
 
 
+def test_log_files_that_differ_in_a_middle_part_get_labels_of_that_part():
+    """A container's log on each node (a must-gather's source-file lanes): the paths differ
+    in the pod's part only, which both ends leave out."""
+    path = ("must-gather-aws/quay-io-openshift-release-dev-sha256-0123/namespaces/"
+            "openshift-kube-apiserver/pods/kube-apiserver-ip-10-0-{}.ec2.internal/"
+            "kube-apiserver/kube-apiserver/logs/current.log")
+    names = [path.format(node) for node in ("187-218", "195-177", "189-142")]
+    assert len({short_label(n) for n in names}) == 1  # the trouble
+
+    labels = short_labels(names)
+
+    assert len(set(labels)) == len(names)
+    for name, label in zip(names, labels, strict=True):
+        assert len(label) <= LABEL_CHARS and label.startswith("…/kube-apiserver-")
+        assert name.split("/")[5].endswith(label.rsplit("…", 1)[1])  # the pod's part
+
+
 def test_the_figures_label_their_lanes_apart():
     spans = [_span(n, start=n, resource="pods", namespace=name.split("/")[1],
                    name=name.split("/")[2]) for n, name in enumerate(STATIC_PODS)]

@@ -17,6 +17,7 @@ in the figure's ``lanes``.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Protocol
 
 # grouping (the API's ``lanes`` parameter) → its label on the page
@@ -92,9 +93,10 @@ def short_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
     kube-controller-manager-ip-10-0-1-2.ec2.internal`` both gave ``pods/openshift-ku…-10-0-1-2
     .ec2.internal``). Those drop what lies between the resource and the object's name first
     (``pods/…/kube-apiserver-ip-…``), else keep only the end (``…`` and as much of it as
-    fits), else only the parts in which they differ (a log file's path: ``…/kube-apiserver-
-    ip-…``); lanes that still look alike keep their label, and their hover text tells them
-    apart."""
+    fits), else by the fewest parts that tell each apart (a log file's path: ``…/kube-
+    apiserver-ip-…``, the pod's part). Where no way tells a whole group apart, each lane that
+    one does tell apart takes that label; lanes that still look alike keep theirs, and their
+    hover text tells them apart."""
     labels = [short_label(name, limit) for name in names]
     groups: dict[str, list[int]] = {}
     for index, label in enumerate(labels):
@@ -111,6 +113,12 @@ def short_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
                     labels[index] = new
                 taken.update(tried)
                 break
+        else:  # no way tells them all apart: each that one tells apart takes its label
+            count = Counter(tried)
+            for index, new in zip(indexes, tried, strict=True):
+                if count[new] == 1 and new not in taken:
+                    labels[index] = new
+                    taken.add(new)
     return labels
 
 
@@ -126,10 +134,32 @@ def _end_only(name: str, limit: int) -> str:
 
 
 def _differing(group: list[str], limit: int) -> list[str]:
-    """The parts (between slashes) in which names of as many parts differ: a container's
-    ``…/logs/current.log`` on each node differs in its pod's part only."""
-    parts = [name.split("/") for name in group]
-    if len({len(p) for p in parts}) != 1:
+    """Each name by the fewest of its parts (between slashes) that tell it from the others of
+    the group, deepest first: a container's ``…/logs/current.log`` on each node by its pod's
+    part (``…/kube-apiserver-ip-10-0-1-2.ec2.internal``), whichever component's it is."""
+    if len(group) > _MOST_TOLD_APART:
         return group
-    differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
-    return [short_label("…/" + "/".join(p[i] for i in differ), limit) for p in parts]
+    parts = [name.split("/") for name in group]
+    return [short_label("…/" + "/".join(parts[k][i] for i in _telling(parts, k)), limit)
+            for k in range(len(parts))]
+
+
+# Beyond so many lanes alike, telling each apart (a test of every pair) is not tried.
+_MOST_TOLD_APART = 200
+
+
+def _telling(parts: list[list[str]], k: int) -> list[int]:
+    """The positions of ``parts[k]`` that tell it from every other name: greedily the one
+    that differs from the most names still alike, the deepest of equals."""
+    mine = parts[k]
+    alike = [p for j, p in enumerate(parts) if j != k]
+    chosen: list[int] = []
+    while alike:
+        position, told = max(
+            ((i, sum(len(p) <= i or p[i] != mine[i] for p in alike)) for i in range(len(mine))),
+            key=lambda pair: (pair[1], pair[0]))
+        if not told:  # the same parts (a name that is a prefix of another): nothing tells
+            break
+        chosen.append(position)
+        alike = [p for p in alike if len(p) > position and p[position] == mine[position]]
+    return sorted(chosen)

@@ -500,3 +500,39 @@ def test_the_heatmap_colour_bar_is_labelled_in_counts_by_decade():
     assert trace["zmax"] == pytest.approx(3.845, abs=0.001)
     # the quiet lane's 5 events are a quarter of the way up the colour scale, not white
     assert trace["z"][1][0] / trace["zmax"] > 0.15
+
+
+def test_log_files_of_several_components_alike_are_told_apart_each_by_its_own_part():
+    """A must-gather's ``…apiserver/logs/current.log``: three components' pods, one per node
+    or with a generated suffix, and a pod's previous log beside its current one. The parts in
+    which they differ are too many for one label; each gets the fewest that tell it apart."""
+    root = "must-gather-aws/quay-io-openshift-release-dev-sha256-0123/namespaces"
+    pods = [("openshift-kube-apiserver", f"kube-apiserver-ip-10-0-{node}.ec2.internal",
+             "kube-apiserver") for node in ("187-218", "195-177", "189-142")]
+    pods += [("openshift-oauth-apiserver", f"apiserver-8468dd74fb-{pod}", "oauth-apiserver")
+             for pod in ("p7vhs", "hw7fr", "nkqwv")]
+    pods += [("openshift-apiserver", f"apiserver-5647477f76-{pod}", "openshift-apiserver")
+             for pod in ("pvx6b", "2zz4k", "zxzjs")]
+    names = [f"{root}/{namespace}/pods/{pod}/{container}/{container}/logs/current.log"
+             for namespace, pod, container in pods]
+    assert len({short_label(n) for n in names}) == 1  # the trouble
+
+    labels = short_labels(names)
+
+    assert len(set(labels)) == len(names)
+    for (_, pod, _), label in zip(pods, labels, strict=False):
+        assert len(label) <= LABEL_CHARS and label.startswith("…/")
+        head, _, tail = label[2:].partition("…")
+        assert pod.startswith(head) and pod.endswith(tail)  # the pod's part, shortened
+
+
+def test_lanes_a_group_cannot_all_be_told_apart_by_are_told_apart_where_they_can():
+    middles = [f"{'x' * 60}{n}{'y' * 60}" for n in ("a", "b")]  # told where labels cut
+    middles += ["short", "another"]
+    alike = [f"{'z' * 50}/{m}/containers/logs/current.log" for m in middles]
+    assert len({short_label(n) for n in alike}) == 1  # one group: the same start and end
+
+    labels = short_labels(alike)
+
+    assert labels[2] == "…/short" and labels[3] == "…/another"
+    assert labels[0] == labels[1] == short_label(alike[0])  # the twins keep theirs

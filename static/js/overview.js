@@ -187,10 +187,9 @@
                              ? el("span", {class: "facet-errors", title: "answered 4xx or 5xx"},
                                   " · " + count(errors) + " err") : null);
         const cls = "facet" + (isError(field, v.value) ? " error" : "") + (empty ? " none" : "");
-        // an empty value cannot be a filter (the filters drop empty values)
-        return empty ? el("li", {class: cls}, bar, name, numbers)
-          : el("li", {class: cls}, el("a", {href: filterLink(field, v.value),
-                                             dataset: {field, value: label}}, bar, name, numbers));
+        // "(none)" is a filter too: the events without the field (?namespace=(none))
+        return el("li", {class: cls}, el("a", {href: filterLink(field, label),
+                                               dataset: {field, value: label}}, bar, name, numbers));
       });
       return el("div", {class: "facet-list", dataset: {field}},
                 el("h3", {}, title), values.length ? el("ol", {}, rows)

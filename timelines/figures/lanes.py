@@ -60,15 +60,23 @@ def lane_of(span: Laned, group: str) -> str:
                      span.user_agent, span.source)
 
 
+# The value of a field that an event does not have (an empty text, no code): what the lanes and
+# the page's facets show for it, and what a filter asks for to select such events
+# (``?namespace=(none)``: the requests of cluster-scoped objects, and the logs;
+# ``timelines.reads.filters``). An empty value in a query is no filter, as a form submits its
+# empty inputs.
+NONE = "(none)"
+
+
 def lane_name(group: str, kind: str, resource: str, namespace: str, name: str, user: str,
               user_agent: str, source: str) -> str:
     """The lane of an event in a grouping, from its fields."""
     if group == "actor":
         return user or f"({kind})"
     if group == "user_agent":
-        return user_agent or "(none)"
+        return user_agent or NONE
     if group == "source":
-        return source or "(none)"
+        return source or NONE
     lane = resource or f"({kind})"
     if namespace:
         lane = f"{lane}/{namespace}"

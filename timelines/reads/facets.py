@@ -21,8 +21,9 @@ are (``timelines.reads.queries``).
 
 Empty values are values: an event without a user counts under the user ``""`` (without a code,
 under ``null``), so that the counts of a field add up to ``total`` and the page can show how much
-of the evidence has no such field. Filters ignore empty values, so the page cannot filter by
-them. For ``group``, an event counts once under each of its groups (``""`` when it has none).
+of the evidence has no such field, as ``(none)``; the filter value ``(none)`` selects those
+events (``figures.lanes.NONE``). For ``group``, an event counts once under each of its groups
+(``""`` when it has none).
 """
 
 from __future__ import annotations

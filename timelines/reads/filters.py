@@ -16,6 +16,7 @@ from django.core.validators import ProhibitNullCharactersValidator
 from django.db.models import Exists, OuterRef, Q
 from django_filters.fields import IsoDateTimeField
 
+from ..figures.lanes import NONE
 from ..models import Event
 from .related import parse_related, related_filter
 
@@ -23,12 +24,14 @@ from .related import parse_related, related_filter
 class ValueListField(forms.Field):
     """All values of a repeated query parameter, empty ones dropped. A NUL in one is refused,
     as Django's own CharField refuses it: PostgreSQL text cannot hold one (a server error
-    schemathesis found)."""
+    schemathesis found). ``NONE`` is kept as it is (not cast), where the field's filter takes
+    it (``AnyOf``)."""
 
     widget = forms.MultipleHiddenInput
 
-    def __init__(self, *args, cast=str, **kwargs) -> None:
+    def __init__(self, *args, cast=str, keeps_none: bool = False, **kwargs) -> None:
         self.cast = cast
+        self.keeps_none = keeps_none
         super().__init__(*args, **kwargs)
 
     def to_python(self, value) -> list:
@@ -38,7 +41,8 @@ class ValueListField(forms.Field):
         for item in values:
             ProhibitNullCharactersValidator()(item)
         try:
-            return [self.cast(v.strip()) for v in values if str(v).strip() != ""]
+            return [v.strip() if self.keeps_none and v.strip() == NONE else self.cast(v.strip())
+                    for v in values if str(v).strip() != ""]
         except (TypeError, ValueError):
             raise ValidationError(f"{values!r}: expected {self.cast.__name__} values") from None
 
@@ -66,23 +70,35 @@ class RFC3339Filter(django_filters.IsoDateTimeFilter):
 
 
 class AnyOf(django_filters.Filter):
-    """Matches rows whose field equals any of the given values."""
+    """Matches rows whose field equals any of the given values; ``NONE`` matches the rows
+    without one (an empty text, no code, no group)."""
 
     field_class = ValueListField
 
     def __init__(self, *args, lookup: str = "in", **kwargs) -> None:
         self.lookup = lookup
+        kwargs.setdefault("keeps_none", True)
         super().__init__(*args, **kwargs)
 
     def filter(self, qs, value):
         if not value:
             return qs
+        values = [item for item in value if item != NONE]
         if self.lookup == "in":
-            return qs.filter(**{f"{self.field_name}__in": value})
-        condition = Q()
-        for item in value:
-            condition |= Q(**{f"{self.field_name}__{self.lookup}": item})
+            condition = Q(**{f"{self.field_name}__in": values}) if values else Q(pk__in=[])
+        else:
+            condition = Q(pk__in=[])
+            for item in values:
+                condition |= Q(**{f"{self.field_name}__{self.lookup}": item})
+        if len(values) < len(value):
+            condition |= self.none()
         return qs.filter(condition)
+
+    def none(self) -> Q:
+        """The rows without a value of the field."""
+        if self.lookup == "has":  # a list: an empty one
+            return Q(**{self.field_name: []})
+        return Q(**{self.field_name: ""})
 
 
 class IntAnyOf(AnyOf):
@@ -90,9 +106,15 @@ class IntAnyOf(AnyOf):
         kwargs.setdefault("cast", int)
         super().__init__(*args, **kwargs)
 
+    def none(self) -> Q:
+        return Q(**{f"{self.field_name}__isnull": True})
+
 
 class DetectedBy(AnyOf):
     """Requests that a Falco rule (``timelines.detections``) matched, by rule name."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, keeps_none=False, **kwargs)
 
     def filter(self, qs, value):
         if not value:
@@ -147,7 +169,7 @@ class RelatedTo(django_filters.Filter):
 
 
 class EventFilterSet(django_filters.FilterSet):
-    id = IntAnyOf(help_text="event ids (an insight's evidence)")
+    id = IntAnyOf(keeps_none=False, help_text="event ids (an insight's evidence)")
     kind = AnyOf(help_text="audit, event, log, trace or state")
     resource = AnyOf(help_text="objectRef.resource, whatever the subresource")
     subresource = AnyOf()

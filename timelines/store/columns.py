@@ -52,7 +52,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from ..figures.build import HEATMAP_BINS, MICROSECOND, Bins, LaneCounts, microseconds, moment
-from ..figures.lanes import GROUPS, OTHER_LANES, lane_name
+from ..figures.lanes import GROUPS, NONE, OTHER_LANES, lane_name
 from . import aggregate, packed, textblocks
 
 log = logging.getLogger(__name__)
@@ -446,6 +446,9 @@ class ColumnIndex:
                 continue
             field = FILTER_COLUMNS[name]
             known = self._codes[field]
+            # a value the field lacks (NONE) is held as the database holds it: "" or no code
+            empty = None if field == "code" else ""
+            values = [empty if v == NONE else v for v in values]
             match = np.isin(self._fields[field], [known[v] for v in values if v in known])
             signatures = match if signatures is None else (signatures & match)
         return signatures

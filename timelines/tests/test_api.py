@@ -60,9 +60,12 @@ def facts(event: dict) -> dict:
 def matches(fact: dict, params: dict[str, list[str]]) -> bool:
     for key, values in params.items():
         if key == "group":
-            ok = any(group in values for group in fact["groups"])
+            ok = any(group in values for group in fact["groups"]) or (
+                "(none)" in values and not fact["groups"])
         elif key == "code":
-            ok = fact["code"] in [int(v) for v in values]
+            ok = fact["code"] in [None if v == "(none)" else int(v) for v in values]
+        elif "(none)" in values and fact.get(key) == "":  # the event has no such value
+            ok = True
         elif key == "since":
             ok = all(fact["received"] >= parse_time(v) for v in values)
         elif key == "until":
@@ -133,6 +136,12 @@ FILTER_CASES = [
     {"resource": ["pods"], "namespace": ["default"], "verb": ["get"]},
     {"namespace": ["openshift-marketplace"], "code": ["200"]},
     {"user": ["nobody"]},
+    # "(none)": the events without a value of the field, alone or beside values
+    {"namespace": ["(none)"]},
+    {"subresource": ["(none)", "log"]},
+    {"impersonated_user": ["(none)", "bob"], "verb": ["get"]},
+    {"name": ["(none)"], "resource": ["pods"]},
+    {"group": ["(none)", "system:masters"]},
 ]
 
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hindsight.testing import page_query, write_audit_log
+from timelines.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,7 +34,7 @@ def _overview(page) -> None:
 def _listed(page, field: str) -> dict[str, int]:
     """The overview's list of a field: shown value → count (without "(none)")."""
     return page.evaluate("""(field) => Object.fromEntries(Array.from(document.querySelectorAll(
-        `#overview-facets .facet-list[data-field="${field}"] li a`)).map(a => [
+        `#overview-facets .facet-list[data-field="${field}"] li:not(.none) a`)).map(a => [
             a.dataset.value,
             Number(a.querySelector('.facet-count').firstChild.textContent.replace(/,/g, ''))]))""",
                          field)
@@ -73,6 +74,41 @@ def test_the_overview_lists_the_top_values_and_a_click_filters_by_one(open_page,
     assert page_query(page)["verb"] == ["list"]
     assert f"{verbs['list']} events on" in page.text_content("#gantt-status")
     assert page.input_value("#filters input[name=verb]") == "list"
+
+
+def test_the_overview_s_none_is_a_filter_of_the_events_without_the_field(open_page, owner,
+                                                                          incident, ingest_file,
+                                                                          demo_log):
+    """The requests of cluster-scoped objects have no namespace: the list counts them as
+    "(none)", and a click on it shows those (``?namespace=(none)``), the table listing each."""
+    assert ingest_file(incident, demo_log).status == "done"
+    events = [json.loads(line) for line in demo_log.read_text().splitlines() if line.strip()]
+    without = [e for e in events if not (e.get("objectRef") or {}).get("namespace")]
+    assert 0 < len(without) < len(events)
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    _overview(page)
+
+    none = page.locator('#overview-facets .facet-list[data-field="namespace"] li.none a')
+    assert none.get_attribute("data-value") == "(none)"
+    counted = none.locator(".facet-count").evaluate("e => e.firstChild.textContent")
+    assert int(counted.replace(",", "")) == len(without)
+    none.click()
+    page.wait_for_load_state()
+    _drawn(page)
+
+    assert page_query(page)["namespace"] == ["(none)"]
+    assert page.input_value("#filters input[name=namespace]") == "(none)"
+    before = _draws(page)
+    page.click("#window-reset")  # the page opened on the burst: the whole span
+    _drawn(page, before + 1)
+    assert f"{len(without)} events on" in page.text_content("#gantt-status")
+    page.wait_for_function("document.querySelectorAll('#events-table tr[data-event]').length"
+                           f" === {len(without)}")
+    listed = page.evaluate("""() => Array.from(document.querySelectorAll(
+        '#events-table tr[data-event]')).map(tr => tr.dataset.event)""")
+    stored = Event.objects.filter(incident=incident, namespace="")
+    assert sorted(map(int, listed)) == sorted(stored.values_list("id", flat=True))
 
 
 def test_a_filter_box_suggests_the_values_under_the_other_filters(open_page, owner, incident,

@@ -50,6 +50,10 @@ QUERIES = [
     "q=OBJ&q=-7&user=alice",
     "q=healthz&since=2024-03-01T12:02:00Z",
     "q=no-such-text",
+    "namespace=(none)",  # the events without the field: an empty text, no code
+    "code=(none)&code=404",
+    "user=(none)&user=alice",
+    "user_agent=(none)&source=(none)",
 ]
 
 

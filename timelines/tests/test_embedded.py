@@ -83,6 +83,15 @@ def test_api_filters_work_on_sqlite(client, owner, token_for, incident, ingest_f
 
     assert {e["audit_id"] for e in by_group["results"]} == masters
     assert {e["audit_id"] for e in by_time["results"]} == in_window
+    # "(none)": the events without the field, beside values or alone
+    cluster_scoped = {e["auditID"] for e in events if not e.get("objectRef", {}).get("namespace")}
+    no_group = {e["auditID"] for e in events if not e["user"].get("groups")}
+    for params, expected in (({"namespace": "(none)"}, cluster_scoped),
+                             ({"group": ["(none)", "system:masters"]}, no_group | masters),
+                             ({"code": "(none)"}, set())):
+        got = client.get(url, {**params, "page_size": 1000}, **auth).json()
+        assert {e["audit_id"] for e in got["results"]} == expected, params
+    assert 0 < len(cluster_scoped) < len(events)
 
 
 def test_an_api_upload_is_ingested_in_a_thread_of_the_web_process(client, owner, token_for,

@@ -47,6 +47,10 @@ QUERIES = [
      lambda e: e["verb"] == "get" and T0 + timedelta(seconds=120) <= e["received"]
      <= T0 + timedelta(seconds=180)),
     ({"namespace": "late", "until": _iso(300)}, lambda e: False),
+    # "(none)": the events without the field (an empty text, no code), alone or with values
+    ({"namespace": "(none)"}, lambda e: e["namespace"] == ""),
+    ({"code": ["(none)", "418"]}, lambda e: e["code"] in (None, 418)),
+    ({"user": "(none)", "kind": "log"}, lambda e: e["username"] == "" and e["kind"] == "log"),
     ({"user_agent": "helm", "code": "200", "impersonated_user": "bob"},
      lambda e: e["user_agent"] == "helm" and e["code"] == 200
      and e["impersonated_user"] == "bob"),

@@ -223,7 +223,8 @@ QUERIES = ["", "user=alice&user=bob", "verb=get&code=200", "kind=event", "kind=l
            "resource=pods&namespace=shop", "since=2024-03-01T12:02:00Z",
            "since=2024-03-01T12:01:40Z&until=2024-03-01T12:05:00.000001Z&verb=list",
            "user=nobody", "source=node-2.log&user_agent=helm", "q=obj-1", "q=HEALTHZ&verb=get",
-           "q=no-such-text"]
+           "q=no-such-text", "namespace=(none)", "code=(none)",
+           "user=(none)&user=alice&verb=get", "source=(none)&q=obj-1&verb=get"]
 
 
 @pytest.fixture

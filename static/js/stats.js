@@ -21,9 +21,9 @@
   let rows = [];
   let sort = {column: "total_ms", descending: true};
 
+  // a key the requests lack (no code, an empty namespace) is "(none)", as the facets say it
   function label(key) {
-    if (key === null || key === undefined) return "(none)";
-    return key === "" ? "(empty)" : String(key);
+    return key === null || key === undefined || key === "" ? "(none)" : String(key);
   }
 
   function number(value) {
@@ -31,11 +31,10 @@
       {maximumFractionDigits: 3});
   }
 
-  // the timeline filtered to one key (an empty or missing value cannot be filtered on)
+  // the timeline filtered to one key; "(none)" filters the requests without one
   function drill(by, key) {
-    if (key === null || key === "") return null;
     const query = new URLSearchParams(card.dataset.filters);
-    query.append(PARAM[by], String(key));
+    query.append(PARAM[by], label(key));
     return card.dataset.incidentUrl + "?" + query.toString() + "#timeline";
   }
 

@@ -42,9 +42,11 @@
         return;
       }
       if (key !== asked) return;
-      list.replaceChildren(...answer.values.filter((v) => v.value !== "" && v.value !== null)
-        .map((v) => el("option", {value: v.value, label: v.value + " — " +
-          v.count.toLocaleString("en-US") + (v.errors ? " (" + v.errors + " errors)" : "")})));
+      // the events without the field as "(none)", a filter too (figures.lanes.NONE)
+      const named = (v) => (v.value === "" || v.value === null ? "(none)" : String(v.value));
+      list.replaceChildren(...answer.values.map((v) => el("option", {value: named(v),
+        label: named(v) + " — " + v.count.toLocaleString("en-US") +
+          (v.errors ? " (" + v.errors + " errors)" : "")})));
       input.dataset.suggested = String(list.children.length);
     }
 

@@ -412,3 +412,27 @@ def test_the_page_shows_the_table_and_charts_and_a_row_opens_its_timeline(
     assert page.url.endswith("#timeline")
     page.wait_for_function("Number(document.getElementById('gantt').dataset.drawn || 0) >= 1")
     assert page.input_value("#filters input[name=user]") == first
+
+
+def test_a_key_the_requests_lack_is_named_and_opens_its_timeline(open_page, owner, incident,
+                                                                 ingest_file, demo_log):
+    """The requests of cluster-scoped objects have no namespace: their row is "(none)", as the
+    incident page's facets say it, and it links to the timeline of those requests."""
+    from hindsight.testing import page_query
+
+    ingest_file(incident, demo_log)
+    without = [r for r in file_requests(demo_log) if r["namespace"] == ""]
+    assert 0 < len(without) < len(file_requests(demo_log))
+    page = open_page(owner, f"/incidents/{incident.pk}/stats/?by=namespace")
+    row = page.locator("#stats-table tbody tr[data-key='(none)']")
+    row.wait_for()
+    assert row.locator("td").nth(1).text_content().replace(",", "") == str(len(without))
+
+    row.locator("td a").click()
+    page.wait_for_load_state()
+
+    assert page_query(page) == {"namespace": ["(none)"]}
+    page.wait_for_function("Number(document.getElementById('gantt').dataset.drawn || 0) >= 1")
+    page.click("#window-reset")  # the page opens on the burst: the whole span
+    page.wait_for_function(f"document.getElementById('gantt-status').textContent"
+                           f".includes('{len(without)} events on')")

@@ -89,6 +89,12 @@ def test_the_overview_s_none_is_a_filter_of_the_events_without_the_field(open_pa
     _drawn(page)
     _overview(page)
 
+    page.focus("#filters input[name=namespace]")  # the box suggests it too
+    page.wait_for_function("Number(document.querySelector('#filters input[name=namespace]')"
+                           ".dataset.suggested || 0) > 0")
+    options = dict(page.eval_on_selector_all("#suggest-namespace option",
+                                             "os => os.map(o => [o.value, o.label])"))
+    assert options["(none)"].startswith(f"(none) — {len(without)}")
     none = page.locator('#overview-facets .facet-list[data-field="namespace"] li.none a')
     assert none.get_attribute("data-value") == "(none)"
     counted = none.locator(".facet-count").evaluate("e => e.firstChild.textContent")

@@ -160,6 +160,41 @@
     return text.slice(0, head) + "…" + text.slice(text.length - (limit - 1 - head));
   }
 
+  // The labels of a list's values: each shortened, except where two would look alike (a
+  // must-gather's …/logs/current.log of several pods): those show the fewest of their parts
+  // between slashes that tell each from the others, the deepest first (as the lanes'
+  // labels do, timelines.figures.lanes.short_labels), where that tells them apart.
+  function labelsOf(texts) {
+    const labels = texts.map((t) => shorten(t));
+    const groups = new Map();
+    labels.forEach((label, i) => groups.set(label, (groups.get(label) || []).concat([i])));
+    for (const members of groups.values()) {
+      if (members.length < 2) continue;
+      const parts = members.map((i) => texts[i].split("/"));
+      const told = parts.map((mine, k) => {
+        let alike = parts.filter((_, j) => j !== k);
+        const chosen = [];
+        while (alike.length) {
+          let best = -1, most = 0;
+          mine.forEach((part, at) => {
+            const differ = alike.filter((p) => p.length <= at || p[at] !== part).length;
+            if (differ >= most && differ > 0) { best = at; most = differ; }
+          });
+          if (best < 0) break;
+          chosen.push(best);
+          alike = alike.filter((p) => p.length > best && p[best] === mine[best]);
+        }
+        return shorten("…/" + chosen.sort((a, b) => a - b).map((at) => mine[at]).join("/"));
+      });
+      const seen = new Map();
+      told.forEach((label) => seen.set(label, (seen.get(label) || 0) + 1));
+      members.forEach((i, k) => {
+        if (seen.get(told[k]) === 1 && !labels.includes(told[k])) labels[i] = told[k];
+      });
+    }
+    return labels;
+  }
+
   function isError(field, value) {
     return field === "code" && Number(value) >= 400;
   }
@@ -174,14 +209,17 @@
       const none = all.filter((v) => v.value === "" || v.value === null);
       const values = all.filter((v) => !none.includes(v)).slice(0, SHOWN).concat(none);
       const top = Math.max(1, ...values.filter((v) => !none.includes(v)).map((v) => v.count));
-      const rows = values.map((v) => {
+      const texts = values.map((v) => (v.value === "" || v.value === null ? "(none)"
+        : String(v.value)));
+      const shown = labelsOf(texts);
+      const rows = values.map((v, index) => {
         const empty = v.value === "" || v.value === null;
-        const label = empty ? "(none)" : String(v.value);
+        const label = texts[index];
         const errors = isError(field, v.value) ? v.count : v.errors || 0;
         const width = Math.min(100, Math.round(100 * v.count / top));
         const bar = empty ? null : el("span", {class: "facet-bar" + (errors ? " has-errors" : ""),
                                                style: "width:" + width + "%"});
-        const name = el("span", {class: "facet-value", title: label}, shorten(label));
+        const name = el("span", {class: "facet-value", title: label}, shown[index]);
         const numbers = el("span", {class: "facet-count"}, count(v.count),
                            errors && !isError(field, v.value)
                              ? el("span", {class: "facet-errors", title: "answered 4xx or 5xx"},

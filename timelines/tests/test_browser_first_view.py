@@ -7,6 +7,7 @@ with ``json`` or made here, not taken from the page's own answers.
 from __future__ import annotations
 
 import json
+import tarfile
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -115,6 +116,38 @@ def test_the_overview_s_none_is_a_filter_of_the_events_without_the_field(open_pa
         '#events-table tr[data-event]')).map(tr => tr.dataset.event)""")
     stored = Event.objects.filter(incident=incident, namespace="")
     assert sorted(map(int, listed)) == sorted(stored.values_list("id", flat=True))
+
+
+def test_the_overview_tells_apart_values_that_would_look_alike(open_page, owner, incident,
+                                                               ingest_file, tmp_path):
+    """A bundle's logs of the same container on three nodes: shortened alike
+    (``must-ga…ogs/current.log``), each is shown by the part that tells it apart."""
+    root = tmp_path / "bundle"
+    start = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+    nodes = ("10-0-187-218", "10-0-195-177", "10-0-189-142")
+    for n, node in enumerate(nodes):
+        folder = (root / "must-gather-aws" / "namespaces" / "openshift-kube-apiserver" / "pods"
+                  / f"kube-apiserver-ip-{node}.ec2.internal" / "kube-apiserver" / "logs")
+        folder.mkdir(parents=True)
+        # the same auditIDs (from the file's name): a microsecond apart, they are other requests
+        write_audit_log(folder / "current.log", start + timedelta(microseconds=n),
+                        [timedelta(seconds=s) for s in range(10 * (n + 1))])
+    bundle = tmp_path / "must-gather.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(root / "must-gather-aws", arcname="must-gather-aws")
+    assert ingest_file(incident, bundle).status == "done"
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    _overview(page)
+
+    shown = page.eval_on_selector_all(
+        '#overview-facets .facet-list[data-field="source"] li a',
+        "as => as.map(a => [a.dataset.value, a.querySelector('.facet-value').textContent])")
+    assert len(shown) == 3 and len({label for _, label in shown}) == 3
+    for source, label in shown:
+        pod = source.split("/")[4]
+        head, _, tail = label.removeprefix("…/").partition("…")
+        assert label.startswith("…/") and pod.startswith(head) and pod.endswith(tail)
 
 
 def test_a_filter_box_suggests_the_values_under_the_other_filters(open_page, owner, incident,

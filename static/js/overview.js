@@ -154,45 +154,93 @@
 
   // A long value shortened in the middle, where it says least: the end of a path or of a
   // service account's name tells more than the start (the full value is the title).
-  function shorten(text, limit = 23) {
+  const LABEL = 23;  // characters of a value's label, fewer where the list is narrower
+  function shorten(text, limit = LABEL) {
     if (text.length <= limit) return text;
     const head = Math.floor((limit - 1) / 3);
     return text.slice(0, head) + "…" + text.slice(text.length - (limit - 1 - head));
   }
 
   // The labels of a list's values: each shortened, except where two would look alike (a
-  // must-gather's …/logs/current.log of several pods): those show the fewest of their parts
-  // between slashes that tell each from the others, the deepest first (as the lanes'
-  // labels do, timelines.figures.lanes.short_labels), where that tells them apart.
-  function labelsOf(texts) {
-    const labels = texts.map((t) => shorten(t));
-    const groups = new Map();
-    labels.forEach((label, i) => groups.set(label, (groups.get(label) || []).concat([i])));
-    for (const members of groups.values()) {
-      if (members.length < 2) continue;
-      const parts = members.map((i) => texts[i].split("/"));
-      const told = parts.map((mine, k) => {
-        let alike = parts.filter((_, j) => j !== k);
-        const chosen = [];
-        while (alike.length) {
-          let best = -1, most = 0;
-          mine.forEach((part, at) => {
-            const differ = alike.filter((p) => p.length <= at || p[at] !== part).length;
-            if (differ >= most && differ > 0) { best = at; most = differ; }
-          });
-          if (best < 0) break;
-          chosen.push(best);
-          alike = alike.filter((p) => p.length > best && p[best] === mine[best]);
-        }
-        return shorten("…/" + chosen.sort((a, b) => a - b).map((at) => mine[at]).join("/"));
-      });
-      const seen = new Map();
-      told.forEach((label) => seen.set(label, (seen.get(label) || 0) + 1));
-      members.forEach((i, k) => {
-        if (seen.get(told[k]) === 1 && !labels.includes(told[k])) labels[i] = told[k];
-      });
+  // must-gather's …/logs/current.log of several pods, sonobuoy's logs of each node): those
+  // show the fewest of their parts between slashes that tell each from the others (as the
+  // lanes' labels do, timelines.figures.lanes.short_labels), else the characters in which
+  // they differ (ip-10-0-26-239…), where that tells them apart.
+  function labelsOf(texts, limit = LABEL) {
+    const labels = texts.map((t) => shorten(t, limit));
+    // those a way told apart leave the others alike, a smaller group told apart again
+    for (let round = 0; round < 3; round++) {
+      const groups = new Map();
+      labels.forEach((label, i) => groups.set(label, (groups.get(label) || []).concat([i])));
+      let changed = false;
+      for (const [label, members] of groups) {
+        if (members.length < 2) continue;
+        const alike = members.map((i) => texts[i]);
+        const others = new Set(labels.filter((l) => l !== label));
+        const apart = (tried) => new Set(tried).size === tried.length
+          && !tried.some((t) => others.has(t));
+        const longest = (tried) => Math.max(...tried.map((t) => t.length));
+        // of the ways that tell them all apart, the shortest labels (the list's width cuts)
+        const ways = [byParts(alike, limit), byDifference(alike, limit)];
+        const good = ways.filter(apart).sort((a, b) => longest(a) - longest(b));
+        const tried = good.length ? good[0] : ways[1];
+        const seen = new Map();
+        tried.forEach((t) => seen.set(t, (seen.get(t) || 0) + 1));
+        members.forEach((i, k) => {
+          if (seen.get(tried[k]) === 1 && !others.has(tried[k])) {
+            labels[i] = tried[k];
+            others.add(tried[k]);
+            changed = true;
+          }
+        });
+      }
+      if (!changed) break;
     }
     return labels;
+  }
+
+  // each text by the fewest of its parts that tell it from the others, the deepest first
+  function byParts(texts, limit) {
+    const parts = texts.map((t) => t.split("/"));
+    return parts.map((mine, k) => {
+      let alike = parts.filter((_, j) => j !== k);
+      const chosen = [];
+      while (alike.length) {
+        let best = -1, most = 0;
+        mine.forEach((part, at) => {
+          const differ = alike.filter((p) => p.length <= at || p[at] !== part).length;
+          if (differ >= most && differ > 0) { best = at; most = differ; }
+        });
+        if (best < 0) break;
+        chosen.push(best);
+        alike = alike.filter((p) => p.length > best && p[best] === mine[best]);
+      }
+      return shorten("…/" + chosen.sort((a, b) => a - b).map((at) => mine[at]).join("/"), limit);
+    });
+  }
+
+  // each text by what lies between the start and the end they all share (cut where a word
+  // of a name starts or ends), after a short shared start kept whole
+  const SEPARATOR = /[-./_:]/;
+  function byDifference(texts, limit) {
+    const shortest = Math.min(...texts.map((t) => t.length));
+    let start = 0;
+    while (start < shortest && texts.every((t) => t[start] === texts[0][start])) start++;
+    while (start > 0 && !SEPARATOR.test(texts[0][start - 1])) start--;
+    let end = 0;  // the shared end's length
+    while (end < shortest - start && texts.every((t) => t[t.length - 1 - end] ===
+                                                 texts[0][texts[0].length - 1 - end])) end++;
+    while (end > 0 && !SEPARATOR.test(texts[0][texts[0].length - end])) end--;
+    return texts.map((t) => {
+      // a long shared start by its last word or two (…ip-10-0-195-177…)
+      let head = t.slice(0, start);
+      if (start > 10) {
+        let from = start - 9;
+        while (from < start && !SEPARATOR.test(t[from - 1])) from++;
+        head = "…" + t.slice(from, start);
+      }
+      return shorten(head + t.slice(start, t.length - end) + (end ? "…" : ""), limit);
+    });
   }
 
   function isError(field, value) {
@@ -229,10 +277,31 @@
         return el("li", {class: cls}, el("a", {href: filterLink(field, label),
                                                dataset: {field, value: label}}, bar, name, numbers));
       });
-      return el("div", {class: "facet-list", dataset: {field}},
-                el("h3", {}, title), values.length ? el("ol", {}, rows)
-                  : el("p", {class: "hint"}, "—"));
+      const list = el("div", {class: "facet-list", dataset: {field}},
+                      el("h3", {}, title), values.length ? el("ol", {}, rows)
+                        : el("p", {class: "hint"}, "—"));
+      list.texts = texts;
+      return list;
     }));
+    fitLabels();
+  }
+
+  // A list narrower than its labels (the page's width shares it with six others) labels its
+  // values again in the characters it shows, so that what tells them apart is not cut off.
+  function fitLabels() {
+    for (const list of lists.children) {
+      const names = Array.from(list.querySelectorAll(".facet-value"));
+      let fit = LABEL;
+      for (const name of names) {
+        if (name.clientWidth > 0 && name.scrollWidth > name.clientWidth) {
+          fit = Math.min(fit, Math.floor(name.textContent.length * name.clientWidth
+                                         / name.scrollWidth));
+        }
+      }
+      if (fit >= LABEL || !list.texts) continue;
+      const labels = labelsOf(list.texts, Math.max(8, fit));
+      names.forEach((name, index) => { name.textContent = labels[index]; });
+    }
   }
 
   let listed = null;  // the window the lists count

@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 
 from incidents.notes import format_time
 
+from ..figures.lanes import NONE
 from ..models import BodyChunk, Event
 
 MAX_EVENTS = 200  # event ids an insight carries
@@ -33,7 +34,13 @@ MAX_BURSTS = 20
 
 def insight(kind: str, title: str, severity: str, explanation: str, events: Iterable[int],
             *, event_count: int | None = None, **extra) -> dict:
+    """An insight as the API gives it. Its ``filters`` (the events list's parameters that
+    select its events when their ids are too many for a link) name an empty value ``(none)``,
+    as a filter takes it: an empty one would be no filter, and select everyone's."""
     ids = list(dict.fromkeys(events))
+    if extra.get("filters"):
+        extra["filters"] = {name: [NONE if value == "" else value for value in values]
+                            for name, values in extra["filters"].items()}
     return {"kind": kind, "title": title, "severity": severity, "explanation": explanation,
             "events": ids[:MAX_EVENTS],
             "event_count": len(ids) if event_count is None else event_count, **extra}

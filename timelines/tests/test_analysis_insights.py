@@ -580,3 +580,25 @@ def test_what_counts_as_emptying_the_finalizers(request_object, response, emptie
 
     body = {"requestObject": request_object, "responseObject": response}
     assert empties_finalizers(body) is emptied
+
+
+def test_an_insight_s_filters_name_an_empty_value_so_they_select_its_events_only(
+        incident, ingest_file, tmp_path, api):
+    """Deletes by a request without a user: the insight's filters (the link when its ids are
+    too many for a URL) say ``user=(none)``, which selects those deletes, not alice's too (an
+    empty value would be no filter)."""
+    nobody = [request(n, "delete", "pods", f"web-{n}", user="", at=timedelta(seconds=n))
+              for n in range(1, 4)]
+    alice = [request(n, "delete", "pods", f"db-{n}", at=timedelta(seconds=n)) for n in (5, 6)]
+    ingest_file(incident, write_log(tmp_path / "audit.log", nobody + alice))
+
+    (found,) = [i for i in of_kind(insights.compute(incident.pk), "deletion")
+                if i.get("user") == ""]
+
+    assert found["filters"]["user"] == ["(none)"]
+    listed = api(f"/api/v1/incidents/{incident.pk}/events/",
+                 {**found["filters"], "page_size": 1000}).json()["results"]
+    assert sorted(e["id"] for e in listed) == sorted(found["events"])
+    assert len(listed) == len(nobody)
+    assert common.insight("k", "t", "info", "", [], filters={"user": ["", "bob"]})[
+        "filters"] == {"user": ["(none)", "bob"]}

@@ -10,6 +10,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiVi
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 
+from timelines.figures.lanes import NONE
 from timelines.reads.filters import EventFilterSet, IntAnyOf
 
 
@@ -34,9 +35,10 @@ def event_filter_parameters() -> list[OpenApiParameter]:
         else:
             kind = OpenApiTypes.STR
         help_text = field.extra.get("help_text") or ""
+        none = f"{NONE}: the events without one" if field.extra.get("keeps_none") else ""
         parameters.append(OpenApiParameter(name, kind, OpenApiParameter.QUERY, description=(
             help_text if kind == OpenApiTypes.DATETIME else
-            "; ".join(p for p in (help_text, "repeat to match any of several") if p))))
+            "; ".join(p for p in (help_text, "repeat to match any of several", none) if p))))
     return parameters
 
 

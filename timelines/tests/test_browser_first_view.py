@@ -100,6 +100,11 @@ def test_the_overview_s_none_is_a_filter_of_the_events_without_the_field(open_pa
     assert none.get_attribute("data-value") == "(none)"
     counted = none.locator(".facet-count").evaluate("e => e.firstChild.textContent")
     assert int(counted.replace(",", "")) == len(without)
+    # drawn as the other rows are: its count at the list's right edge, under theirs
+    first = page.locator('#overview-facets .facet-list[data-field="namespace"] li a').first
+    right = [box["x"] + box["width"] for box in (
+        first.locator(".facet-count").bounding_box(), none.locator(".facet-count").bounding_box())]
+    assert abs(right[0] - right[1]) <= 1
     none.click()
     page.wait_for_load_state()
     _drawn(page)

@@ -287,20 +287,27 @@
   }
 
   // A list narrower than its labels (the page's width shares it with six others) labels its
-  // values again in the characters it shows, so that what tells them apart is not cut off.
+  // values again in the characters it shows, so that what tells them apart is not cut off;
+  // again when the page's width changes, or the folded overview opens.
   function fitLabels() {
     for (const list of lists.children) {
+      if (!list.texts) continue;
       const names = Array.from(list.querySelectorAll(".facet-value"));
+      const show = (labels) => names.forEach((name, index) => {
+        name.textContent = labels[index];
+      });
+      show(labelsOf(list.texts));
+      // the characters that fit, from the widest label's overflow (letters differ in width:
+      // measured again until none overflows)
       let fit = LABEL;
-      for (const name of names) {
-        if (name.clientWidth > 0 && name.scrollWidth > name.clientWidth) {
-          fit = Math.min(fit, Math.floor(name.textContent.length * name.clientWidth
-                                         / name.scrollWidth));
-        }
+      for (let tries = 0; tries < 8; tries++) {
+        const over = names.filter((name) => name.clientWidth > 0
+                                            && name.scrollWidth > name.clientWidth);
+        if (!over.length || fit <= 8) break;
+        fit = Math.max(8, Math.min(fit - 1, ...over.map((name) => Math.floor(
+          name.textContent.length * name.clientWidth / name.scrollWidth))));
+        show(labelsOf(list.texts, fit));
       }
-      if (fit >= LABEL || !list.texts) continue;
-      const labels = labelsOf(list.texts, Math.max(8, fit));
-      names.forEach((name, index) => { name.textContent = labels[index]; });
     }
   }
 
@@ -346,11 +353,15 @@
     drawChart();  // the window's shading
     refreshLists();
   });
-  strip.addEventListener("toggle", () => { if (strip.open) drawChart(); });  // folded: no width
+  strip.addEventListener("toggle", () => {  // folded, it had no width
+    if (!strip.open) return;
+    drawChart();
+    fitLabels();
+  });
   let resizing = 0;
   window.addEventListener("resize", () => {
     clearTimeout(resizing);
-    resizing = setTimeout(drawChart, 150);
+    resizing = setTimeout(() => { drawChart(); fitLabels(); }, 150);
   });
   start();
 })();

@@ -156,17 +156,60 @@ def test_the_overview_tells_apart_values_that_would_look_alike(open_page, owner,
     _drawn(page)
     _overview(page)
 
-    shown = page.eval_on_selector_all(
-        '#overview-facets .facet-list[data-field="source"] li a',
-        "as => as.map(a => [a.dataset.value, a.querySelector('.facet-value').textContent])")
-    assert len(shown) == 3 and len({label for _, label in shown}) == 3
-    for source, label in shown:
+    shown = _source_labels(page)
+    assert len(shown) == 3 and len({label for _, label, _ in shown}) == 3
+    for source, label, whole in shown:
         node = next(n for n in nodes if n in source)
         assert node in label, label  # what tells it apart, whole
-        # the whole label is seen: not cut again by the list's width
-        assert page.evaluate("""(value) => { const e = document.querySelector(
-            `#overview-facets .facet-list[data-field="source"] li a[data-value="${value}"]`
-            + ' .facet-value'); return e.scrollWidth <= e.clientWidth; }""", source), label
+        assert whole, label  # not cut again by the list's width
+
+
+def _source_labels(page) -> list[tuple[str, str, bool]]:
+    """The overview's source files: (value, its label, whether the list shows the label
+    whole)."""
+    return page.eval_on_selector_all(
+        '#overview-facets .facet-list[data-field="source"] li a', """as => as.map(a => {
+            const e = a.querySelector('.facet-value');
+            return [a.dataset.value, e.textContent, e.scrollWidth <= e.clientWidth]; })""")
+
+
+def test_the_overview_labels_again_when_the_page_s_width_changes(open_page, owner, incident,
+                                                                 ingest_file, tmp_path):
+    """Values that differ in many characters get labels as long as the list's width allows:
+    narrower (seven lists of 9.5rem at 1,200 px), the list labels them again in fewer."""
+    pools = ("alpha-east", "bravo-west", "charlie-north")
+    root = tmp_path / "results"
+    root.mkdir()
+    for n, pool in enumerate(pools):
+        write_audit_log(root / f"worker-pool-{pool}-node-{n}.compute.internal",
+                        datetime(2024, 3, 1, 12, 0, tzinfo=UTC) + timedelta(microseconds=n),
+                        [timedelta(seconds=s) for s in range(100_000, 100_000 + 10 * (n + 1))])
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(root, arcname="results")
+    assert ingest_file(incident, bundle).status == "done"
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    _overview(page)
+
+    def resized(width: int) -> int:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(400)  # the page handles a resize after 150 ms
+        return page.eval_on_selector('#overview-facets .facet-list[data-field="source"]',
+                                     "e => e.clientWidth")
+
+    wide = resized(1400)
+    # the page's width at which the lists are narrowest (they wrap to fewer, wider columns)
+    narrow = min(range(1000, 1400, 20), key=resized)
+    assert resized(narrow) < wide - 10
+    lengths = {}
+    for width in (narrow, 1400):
+        resized(width)
+        shown = _source_labels(page)
+        assert len({label for _, label, _ in shown}) == 3, (width, shown)
+        assert all(whole for _, _, whole in shown), (width, shown)
+        lengths[width] = max(len(label) for _, label, _ in shown)
+    assert lengths[narrow] < lengths[1400]  # fewer characters where the list is narrower
 
 
 def test_a_filter_box_suggests_the_values_under_the_other_filters(open_page, owner, incident,

@@ -118,6 +118,12 @@
     return iso ? String(iso).replace("T", " ").replace(/(Z|[+-]00:00)$/, "") : "";
   }
 
+  // A field's value as the page names it and a filter takes it: "(none)" for an event without
+  // one (an empty text, no code; timelines.figures.lanes.NONE)
+  function valueName(value) {
+    return value === "" || value === null || value === undefined ? "(none)" : String(value);
+  }
+
   window.Hindsight = {el, getJSON, shortTime, sendJSON, getAll, problem, plotlyText,
-                      formatDuration, csrfToken};
+                      formatDuration, csrfToken, valueName};
 })();

@@ -11,7 +11,7 @@
 // timeline.js fetched for the first window (HindsightTimeline.spanOverview).
 (function () {
   "use strict";
-  const {el, getJSON, shortTime} = window.Hindsight;
+  const {el, getJSON, shortTime, valueName} = window.Hindsight;
   const Timeline = window.HindsightTimeline;
   const strip = document.getElementById("overview");
   if (!strip || !Timeline) return;
@@ -257,9 +257,7 @@
       const none = all.filter((v) => v.value === "" || v.value === null);
       const values = all.filter((v) => !none.includes(v)).slice(0, SHOWN).concat(none);
       const top = Math.max(1, ...values.filter((v) => !none.includes(v)).map((v) => v.count));
-      const texts = values.map((v) => (v.value === "" || v.value === null ? "(none)"
-        : String(v.value)));
-      const shown = labelsOf(texts);
+      const texts = values.map((v) => valueName(v.value));
       const rows = values.map((v, index) => {
         const empty = v.value === "" || v.value === null;
         const label = texts[index];
@@ -267,7 +265,7 @@
         const width = Math.min(100, Math.round(100 * v.count / top));
         const bar = empty ? null : el("span", {class: "facet-bar" + (errors ? " has-errors" : ""),
                                                style: "width:" + width + "%"});
-        const name = el("span", {class: "facet-value", title: label}, shown[index]);
+        const name = el("span", {class: "facet-value", title: label});  // fitLabels names it
         const numbers = el("span", {class: "facet-count"}, count(v.count),
                            errors && !isError(field, v.value)
                              ? el("span", {class: "facet-errors", title: "answered 4xx or 5xx"},
@@ -286,9 +284,10 @@
     fitLabels();
   }
 
-  // A list narrower than its labels (the page's width shares it with six others) labels its
-  // values again in the characters it shows, so that what tells them apart is not cut off;
-  // again when the page's width changes, or the folded overview opens.
+  // Each list's labels (labelsOf); a list narrower than its labels (the page's width shares it
+  // with six others) labels its values again in the characters it shows, so that what tells
+  // them apart is not cut off; again when the page's width changes, or the folded overview
+  // opens.
   function fitLabels() {
     for (const list of lists.children) {
       if (!list.texts) continue;

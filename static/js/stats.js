@@ -7,7 +7,7 @@
 // - requests in flight over time for the top keys (…/stats/inflight/), one line each.
 (function () {
   "use strict";
-  const {el, getJSON} = window.Hindsight;
+  const {el, getJSON, valueName: label} = window.Hindsight;
   const card = document.getElementById("stats");
   if (!card) return;
   const form = document.getElementById("stats-form");
@@ -20,11 +20,6 @@
                  namespace: "namespace", code: "code"};
   let rows = [];
   let sort = {column: "total_ms", descending: true};
-
-  // a key the requests lack (no code, an empty namespace) is "(none)", as the facets say it
-  function label(key) {
-    return key === null || key === undefined || key === "" ? "(none)" : String(key);
-  }
 
   function number(value) {
     return value === null || value === undefined ? "–" : value.toLocaleString("en-US",

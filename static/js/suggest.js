@@ -4,7 +4,7 @@
 // Data: /api/v1/incidents/{id}/facets/?field=… (timelines.reads.facets).
 (function () {
   "use strict";
-  const {el, getJSON} = window.Hindsight;
+  const {el, getJSON, valueName} = window.Hindsight;
   const Timeline = window.HindsightTimeline;
   const form = document.getElementById("filters");
   if (!form || !Timeline || !form.dataset.facetsUrl) return;
@@ -42,10 +42,9 @@
         return;
       }
       if (key !== asked) return;
-      // the events without the field as "(none)", a filter too (figures.lanes.NONE)
-      const named = (v) => (v.value === "" || v.value === null ? "(none)" : String(v.value));
-      list.replaceChildren(...answer.values.map((v) => el("option", {value: named(v),
-        label: named(v) + " — " + v.count.toLocaleString("en-US") +
+      // the events without the field as "(none)", a filter too
+      list.replaceChildren(...answer.values.map((v) => el("option", {value: valueName(v.value),
+        label: valueName(v.value) + " — " + v.count.toLocaleString("en-US") +
           (v.errors ? " (" + v.errors + " errors)" : "")})));
       input.dataset.suggested = String(list.children.length);
     }

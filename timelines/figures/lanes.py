@@ -114,16 +114,17 @@ def short_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
         if len(indexes) < 2:
             continue
         group = [names[i] for i in indexes]
+        told = _differing(group, limit)
         for tried in ([_without_middle(name, limit) for name in group],
-                      [_end_only(name, limit) for name in group], _differing(group, limit)):
+                      [_end_only(name, limit) for name in group], told):
             if len(set(tried)) == len(tried) and not (set(tried) - {label}) & taken:
                 for index, new in zip(indexes, tried, strict=True):
                     labels[index] = new
                 taken.update(tried)
                 break
         else:  # no way tells them all apart: each that one tells apart takes its label
-            count = Counter(tried)
-            for index, new in zip(indexes, tried, strict=True):
+            count = Counter(told)
+            for index, new in zip(indexes, told, strict=True):
                 if count[new] == 1 and new not in taken:
                     labels[index] = new
                     taken.add(new)

@@ -357,10 +357,14 @@
     drawChart();
     fitLabels();
   });
-  let resizing = 0;
-  window.addEventListener("resize", () => {
+  // Drawn again whenever the strip's width changes: the window's, and the event's details
+  // opening beside the page (the chart, drawn in pixels, stood out of its card then).
+  let resizing = 0, drawnWidth = 0;
+  new ResizeObserver(() => {
+    if (!strip.clientWidth || strip.clientWidth === drawnWidth) return;
+    drawnWidth = strip.clientWidth;
     clearTimeout(resizing);
     resizing = setTimeout(() => { drawChart(); fitLabels(); }, 150);
-  });
+  }).observe(strip);
   start();
 })();

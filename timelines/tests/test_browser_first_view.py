@@ -212,6 +212,38 @@ def test_the_overview_labels_again_when_the_page_s_width_changes(open_page, owne
     assert lengths[narrow] < lengths[1400]  # fewer characters where the list is narrower
 
 
+def test_the_overview_fits_its_card_when_an_event_s_details_open_beside_it(
+        open_page, owner, incident, ingest_file, demo_log):
+    """The details of an event open beside the page and narrow it: the chart, drawn in
+    pixels, is drawn again within its card (it stood out of it, its last bars beyond the
+    card's edge), and the lists are labelled for their new width."""
+    assert ingest_file(incident, demo_log).status == "done"
+    page = open_page(owner, f"/incidents/{incident.pk}/")
+    _drawn(page)
+    _overview(page)
+
+    def out_of_card() -> list[str]:
+        return page.evaluate("""() => {
+            const card = document.getElementById('overview').getBoundingClientRect();
+            const drawn = [document.querySelector('#overview-chart svg'),
+                           ...document.querySelectorAll('#overview-chart g.bin')];
+            const out = drawn.filter(e => e.getBoundingClientRect().right > card.right + 1)
+                .map(e => e.tagName + (e.dataset.bin ? ' ' + e.dataset.bin : ''));
+            const cut = Array.from(document.querySelectorAll('#overview-facets .facet-value'))
+                .filter(e => e.scrollWidth > e.clientWidth).map(e => e.textContent);
+            return out.concat(cut); }""")
+
+    assert out_of_card() == []
+    wide = page.eval_on_selector("#overview", "e => e.clientWidth")
+    page.click("#events-table tr[data-event] td")
+    page.wait_for_selector("#detail", state="visible")
+    page.wait_for_function(f"document.getElementById('overview').clientWidth < {wide} - 100")
+    page.wait_for_timeout(400)  # the page draws again 150 ms after the width settles
+
+    assert out_of_card() == []
+    assert page.locator("#overview-chart g.bin").count() > 0
+
+
 def test_a_filter_box_suggests_the_values_under_the_other_filters(open_page, owner, incident,
                                                                   falco):
     page = open_page(owner, f"/incidents/{incident.pk}/?resource=pods")

@@ -18,7 +18,8 @@ from __future__ import annotations
 from django.db import migrations
 
 TABLE = "timelines_event"
-# name → columns; the same in ``timelines.ingest.bulk.PARTITION_INDEXES``
+# name → columns, as the DEFAULT partition has them (a bulk load's partition gets them without the
+# leading incident_id: ``timelines.ingest.bulk.PARTITION_INDEXES``)
 INDEXES = {
     "event_object": "(incident_id, resource, namespace, name, received)",
     "event_actor": "(incident_id, username, received)",

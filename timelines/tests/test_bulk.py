@@ -442,9 +442,13 @@ def plan(sql: str, params: list) -> str:
 def test_the_object_and_user_indexes_come_after_the_first_answer(tmp_path, incident):
     """Attached with the indexes its parent requires (the request identity, the primary key),
     a load is readable; its own indexes by object and by user are built after, by the
-    analyses, and the reads by user use them then. The DEFAULT partition has its own."""
-    path = write_log(tmp_path / "a.log", *(audit_event(f"r{n}", "ResponseComplete", second=n,
-                                                        user=f"u{n % 3}") for n in range(30)))
+    analyses, and the reads by user and by object use them then. The DEFAULT partition has
+    its own."""
+    events = [audit_event(f"r{n}", "ResponseComplete", second=n, user=f"u{n % 3}")
+              for n in range(30)]
+    for n, event in enumerate(events):
+        event["objectRef"]["name"] = f"p{n % 10}"
+    path = write_log(tmp_path / "a.log", *events)
     load(incident, [path])
     partition = bulk.partition_table(incident.pk)
     parent = {"timelines_event_pkey", "event_request_identity"}
@@ -462,6 +466,10 @@ def test_the_object_and_user_indexes_come_after_the_first_answer(tmp_path, incid
 
     assert indexes_of(partition) == {f"{name}_{incident.pk}" for name in parent} | own
     assert f"event_actor_{incident.pk}" in plan(by_user, [incident.pk, "u1"])
+    # (without the incident in their keys: the partition holds it alone)
+    by_object = ("SELECT id FROM timelines_event WHERE incident_id = %s AND resource = %s"
+                 " AND namespace = %s AND name = %s ORDER BY received")
+    assert f"event_object_{incident.pk}" in plan(by_object, [incident.pk, "pods", "a", "p1"])
     with connection.cursor() as cursor:
         cursor.execute(by_user, [incident.pk, "u1"])
         assert [pk for (pk,) in cursor.fetchall()] == expected

@@ -213,6 +213,81 @@ def test_analyses_registered_alongside_run_in_a_lane_beside_the_others(incident,
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_reader_of_the_column_index_goes_on_once_it_is_built_not_after_the_lane(
+        incident, demo_log):
+    """The lane beside builds the column index, then goes on (the partition indexes); the
+    other lane's readers of the index (the detections, the insights counted on it) wait for
+    the index only: here the lane's analysis after the index ends only once the reader has
+    gone on, which it would never do if it waited for the whole lane."""
+    import threading
+
+    from timelines.store import columns
+
+    reader_went_on = threading.Event()
+    seen = []
+
+    @after_ready("test after the index", alongside=True)
+    def after_index(incident_id: int) -> None:
+        seen.append(("after the index", reader_went_on.wait(20)))
+
+    @after_ready("test reader")
+    def reader(incident_id: int) -> None:
+        columns.wait_built(incident_id)
+        reader_went_on.set()
+
+    try:
+        ready_upload(incident, demo_log)
+        assert complete_incident(incident.pk)
+    finally:
+        registry.ANALYSES.pop("test after the index")
+        registry.ANALYSES.pop("test reader")
+        registry.ALONGSIDE.discard("test after the index")
+    assert seen == [("after the index", True)]
+    assert columns._announced == {}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("cpus", [2, 8])
+def test_each_lane_plans_for_its_share_of_the_cpus(incident, demo_log, monkeypatch, cpus):
+    """The two lanes are the parallel work behind the first answer: each plans its queries and
+    index builds with the workers its half of the CPUs leaves (none on two CPUs, where a
+    parallel plan only takes CPU from the other lane), and the connection that runs the
+    completion plans as before afterwards."""
+    import os
+
+    from django.db import connection
+
+    def parallel() -> tuple[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('max_parallel_workers_per_gather'),"
+                           " current_setting('max_parallel_maintenance_workers')")
+            return cursor.fetchone()
+
+    before = parallel()
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    seen = {}
+
+    @after_ready("test beside", alongside=True)
+    def beside(incident_id: int) -> None:
+        seen["beside"] = parallel()
+
+    @after_ready("test other")
+    def other(incident_id: int) -> None:
+        seen["other"] = parallel()
+
+    try:
+        ready_upload(incident, demo_log)
+        assert complete_incident(incident.pk)
+    finally:
+        registry.ANALYSES.pop("test beside")
+        registry.ANALYSES.pop("test other")
+        registry.ALONGSIDE.discard("test beside")
+    share = str(cpus // 2 - 1)
+    assert seen == {"beside": (share, share), "other": (share, share)}
+    assert parallel() == before
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_database_error_in_the_lane_beside_fails_the_completion(incident, demo_log):
     from django.db import OperationalError
 

@@ -29,6 +29,7 @@ from django.db.models.functions import Collate, FirstValue, Lag
 
 from incidents.notes import format_duration, format_time
 
+from . import columnar
 from .common import (
     MAX_BODIES,
     MAX_EVENTS,
@@ -52,14 +53,16 @@ MAX_NAMESPACES = 20
 UID_PAIRS = 3  # re-creations of an object whose UIDs are read from the bodies (the last ones)
 
 
-def steps(events: QuerySet) -> list[tuple[str, Callable[[], list[dict]]]]:
+def steps(events: QuerySet, requests: Callable[[], columnar.Requests | None] = lambda: None
+          ) -> list[tuple[str, Callable[[], list[dict]]]]:
     """(name, the function finding them) for the deletion and recreated-object insights of
-    ``events`` (one incident's)."""
+    ``events`` (one incident's); ``requests()``: its requests in its column index, if any."""
     return [("namespaces", lambda: namespace_insights(namespace_rows(events))),
             ("garbage collector", lambda: garbage_insights(*garbage_rows(events))),
             ("finalizers", lambda: finalizer_insights(finalizer_rows(events))),
-            ("by actor", lambda: deletion_group_insights(deletion_groups(events))),
-            ("recreated-object", lambda: recreated_insights(*recreated_rows(events)))]
+            ("by actor", lambda: deletion_group_insights(deletion_groups(events, requests()))),
+            ("recreated-object", lambda: recreated_insights(*recreated_rows(events,
+                                                                             requests())))]
 
 
 # --- deletion -------------------------------------------------------------------------------------
@@ -72,18 +75,26 @@ def _deletes(events: QuerySet) -> QuerySet:
     return requests_of(events).filter(STATUS_OK, verb__in=("delete", "deletecollection"))
 
 
-def deletion_groups(events: QuerySet) -> list[dict]:
+def deletion_groups(events: QuerySet, requests: columnar.Requests | None = None) -> list[dict]:
     """Successful deletes by people and controllers other than the garbage collector, of
     anything but namespaces, grouped by (actor, resource): ``username``, ``resource``,
-    ``count``, ``first``, ``last``, ``deletes`` (the first MAX_EVENTS in time order)."""
+    ``count``, ``first``, ``last``, ``deletes`` (the first MAX_EVENTS in time order). The
+    groups counted on the column index ``requests`` when given; the most deletes first, then
+    by user and resource (in Python: one order whatever the database's collation)."""
     deletes = _deletes(events).exclude(username=GC_USER).exclude(resource="namespaces")
-    groups = list(deletes.order_by().values("username", "resource").annotate(
-        count=Count("id"), first=Min("received"), last=Max("received")).order_by(
-        "-count", "username", "resource")[:MAX_GROUPS])
+    every = columnar.delete_groups(requests, GC_USER, MAX_EVENTS) if requests is not None else (
+        list(deletes.order_by().values("username", "resource").annotate(
+            count=Count("id"), first=Min("received"), last=Max("received"))))
+    groups = sorted(every, key=lambda g: (-g["count"], g["username"], g["resource"]))[
+        :MAX_GROUPS]
     for group in groups:
-        group["deletes"] = list(deletes.filter(
-            username=group["username"], resource=group["resource"]).order_by(
-            "received", "id").values(*_DELETE_FIELDS)[:MAX_EVENTS])
+        if "ids" in group:  # by primary key alone: with an order, the planner walks by time
+            group["deletes"] = sorted(events.filter(pk__in=group.pop("ids")).order_by().values(
+                *_DELETE_FIELDS), key=lambda d: (d["received"], d["id"]))
+        else:
+            group["deletes"] = list(deletes.filter(
+                username=group["username"], resource=group["resource"]).order_by(
+                "received", "id").values(*_DELETE_FIELDS)[:MAX_EVENTS])
     return groups
 
 
@@ -376,29 +387,14 @@ def finalizer_insights(writes: list[dict]) -> list[dict]:
 
 # --- recreated-object ---------------------------------------------------------------------------
 
-def recreated_rows(events: QuerySet) -> tuple[list[dict], dict[int, dict]]:
+def recreated_rows(events: QuerySet, requests: columnar.Requests | None = None
+                   ) -> tuple[list[dict], dict[int, dict]]:
     """Successful creates whose object (resource, namespace, name; a namespace by its name) was
     last deleted, not created, before them, with that delete: at most MAX_BODIES, in time order;
-    and the delete rows by id. One window pass over the creates and deletes."""
-    key_namespace = Case(When(resource="namespaces", then=Value("")), default=F("namespace"),
-                         output_field=TextField())
-    keys = [F("resource"), key_namespace, F("name")]
-    if connection.vendor == "postgresql":
-        # byte order: only equal keys matter here, and sorting 500,000 names by the database's
-        # locale took 2.5 times as long
-        keys = [Collate(key, "C") for key in keys]
-    partition = {"partition_by": keys, "order_by": [F("received").asc(), F("id").asc()]}
-    lifecycle = requests_of(events).filter(STATUS_OK, verb__in=("create", "delete")).exclude(
-        name="").annotate(
-        previous_verb=Window(Lag("verb"), **partition),
-        previous_id=Window(Lag("id"), **partition),
-        # the row's own verb as a window value: a filter on it is applied after the window
-        # (Django keeps a plain ``verb`` filter inside, where it would hide the deletes)
-        own_verb=Window(FirstValue("verb"), frame=RowRange(start=0, end=0), **partition))
-    # ids only, unordered (an ORDER BY would sort every row before the filter): the few that
-    # qualify are ordered here and their details come by primary key
-    found = sorted(lifecycle.filter(own_verb="create", previous_verb="delete").order_by()
-                   .values_list("received", "id", "previous_id"))[:MAX_BODIES]
+    and the delete rows by id. One window pass over the creates and deletes, or the same on the
+    column index ``requests`` when given."""
+    found = (columnar.recreations(requests) if requests is not None
+             else _recreations(events))[:MAX_BODIES]
     if not found:
         return [], {}
     pairs = {create_id: delete_id for _, create_id, delete_id in found}
@@ -427,6 +423,30 @@ def recreated_rows(events: QuerySet) -> tuple[list[dict], dict[int, dict]]:
                          or (response.get("details") or {}).get("uid")
                          or (request.get("preconditions") or {}).get("uid") or "")
     return creates, deletes
+
+
+def _recreations(events: QuerySet) -> list[tuple]:
+    """(received, id, the delete's id) of each successful create of a named object whose
+    previous successful create or delete of it was a delete, in time order: a window pass."""
+    key_namespace = Case(When(resource="namespaces", then=Value("")), default=F("namespace"),
+                         output_field=TextField())
+    keys = [F("resource"), key_namespace, F("name")]
+    if connection.vendor == "postgresql":
+        # byte order: only equal keys matter here, and sorting 500,000 names by the database's
+        # locale took 2.5 times as long
+        keys = [Collate(key, "C") for key in keys]
+    partition = {"partition_by": keys, "order_by": [F("received").asc(), F("id").asc()]}
+    lifecycle = requests_of(events).filter(STATUS_OK, verb__in=("create", "delete")).exclude(
+        name="").annotate(
+        previous_verb=Window(Lag("verb"), **partition),
+        previous_id=Window(Lag("id"), **partition),
+        # the row's own verb as a window value: a filter on it is applied after the window
+        # (Django keeps a plain ``verb`` filter inside, where it would hide the deletes)
+        own_verb=Window(FirstValue("verb"), frame=RowRange(start=0, end=0), **partition))
+    # ids only, unordered (an ORDER BY would sort every row before the filter): the few that
+    # qualify are ordered here and their details come by primary key
+    return sorted(lifecycle.filter(own_verb="create", previous_verb="delete").order_by()
+                  .values_list("received", "id", "previous_id"))
 
 
 def ranked_objects(creates: list[dict]) -> list[tuple[tuple[str, str, str], list[dict]]]:

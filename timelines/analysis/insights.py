@@ -22,6 +22,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from django.db import IntegrityError, InterfaceError, OperationalError
 from django.db.models import Case, Count, Max, Min, Q, QuerySet, Sum, Value, When
@@ -34,7 +35,7 @@ from incidents.notes import format_duration, format_time
 from ..detections.incident import detections
 from ..models import Event, IncidentInsights
 from ..store.aggregate import data_version
-from . import deletions, findings
+from . import columnar, deletions, findings
 from .common import (
     MAX_EVENTS,
     MAX_GROUPS,
@@ -48,6 +49,8 @@ from .common import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 REQUEST_KINDS = ("list-without-resource-version", "slow-request", "deletion",
                  "recreated-object", "error-burst", "conflicting-writers", "audit-coverage",
@@ -237,9 +240,12 @@ _CATEGORY_CODES = {"conflict": Q(code=409), "throttled": Q(code=429),
                    "client": Q(code__gte=400, code__lt=500) & ~Q(code__in=(409, 429))}
 
 
-def error_minutes(events: QuerySet) -> tuple[list[tuple[str, datetime, int]], datetime | None,
-                                             datetime | None]:
-    """(errors per (category, minute), the incident's first and last request): one GROUP BY."""
+def error_minutes(events: QuerySet, requests: columnar.Requests | None = None
+                  ) -> tuple[list[tuple[str, datetime, int]], datetime | None, datetime | None]:
+    """(errors per (category, minute), sorted; the incident's first and last request): one
+    GROUP BY, or counted on the column index ``requests`` when given."""
+    if requests is not None:
+        return columnar.error_minutes(requests)
     requests = requests_of(events)
     bounds = requests.order_by().aggregate(first=Min("received"), last=Max("received"))
     category = Case(*(When(condition, then=Value(name))
@@ -247,7 +253,7 @@ def error_minutes(events: QuerySet) -> tuple[list[tuple[str, datetime, int]], da
     rows = requests.filter(code__gte=400, code__lt=600).annotate(
         category=category, minute=Trunc("received", "minute")).order_by().values(
         "category", "minute").annotate(n=Count("id")).values_list("category", "minute", "n")
-    return list(rows), bounds["first"], bounds["last"]
+    return sorted(rows), bounds["first"], bounds["last"]
 
 
 def burst_details(events: QuerySet, bursts: list[dict]) -> list[dict]:
@@ -289,16 +295,29 @@ def burst_insights(bursts: list[dict]) -> list[dict]:
 
 # --- conflicting-writers ------------------------------------------------------------------------
 
-def writer_rows(events: QuerySet) -> list[dict]:
+def _writes(events: QuerySet) -> QuerySet:
+    return requests_of(events).filter(Q(code=409) | STATUS_OK, verb__in=WRITE_VERBS).exclude(
+        name="")
+
+
+def writes_per_writer(events: QuerySet) -> list[tuple[str, str, str, str, str, int]]:
+    """(resource, subresource, namespace, name, username, writes) of the writes (create,
+    update, patch, delete; answered 2xx or 409) of named objects: one hash aggregate (no sort
+    for a distinct count)."""
+    return list(_writes(events).order_by().values_list(
+        "resource", "subresource", "namespace", "name", "username").annotate(n=Count("id")))
+
+
+def writer_rows(events: QuerySet, requests: columnar.Requests | None = None) -> list[dict]:
     """The writes (create, update, patch, delete; answered 2xx or 409) of the objects that
     several actors wrote, at most MAX_OBJECTS objects (the most written first), in time order:
-    ``id``, ``received``, ``username``, ``verb``, ``code``, and the object."""
-    writes = requests_of(events).filter(Q(code=409) | STATUS_OK, verb__in=WRITE_VERBS).exclude(
-        name="")
-    # writes per object and writer, in one hash aggregate (no sort for a distinct count)
+    ``id``, ``received``, ``username``, ``verb``, ``code``, and the object. The writes per
+    object and writer counted on the column index ``requests`` when given."""
+    writes = _writes(events)
+    per_writer = (columnar.writes_per_writer(requests) if requests is not None
+                  else writes_per_writer(events))
     writers: dict[tuple, list[int]] = defaultdict(list)
-    for resource, subresource, namespace, name, _, n in writes.order_by().values_list(
-            "resource", "subresource", "namespace", "name", "username").annotate(n=Count("id")):
+    for resource, subresource, namespace, name, _, n in per_writer:
         writers[(resource, subresource, namespace, name)].append(n)
     keys = set(sorted((k for k, counts in writers.items() if len(counts) >= 2),
                       key=lambda k: (-sum(writers[k]), k))[:MAX_OBJECTS])
@@ -352,11 +371,15 @@ def writer_insights(writes: list[dict]) -> list[dict]:
 
 # --- audit-coverage -----------------------------------------------------------------------------
 
-def coverage_rows(events: QuerySet) -> list[tuple[str, str, str, bool, int]]:
+def coverage_rows(events: QuerySet, requests: columnar.Requests | None = None
+                  ) -> list[tuple[str, str, str, bool, int]]:
     """(resource, level, stage, is a write, requests) over the incident's requests: one
-    GROUP BY."""
+    GROUP BY, or counted on the column index ``requests`` when given; sorted (the insight lists
+    equal counts in the rows' order)."""
+    if requests is not None:
+        return sorted(columnar.coverage_rows(requests))
     write = Case(When(verb__in=WRITE_VERBS, then=Value(True)), default=Value(False))
-    return list(requests_of(events).annotate(write=write).order_by().values_list(
+    return sorted(requests_of(events).annotate(write=write).order_by().values_list(
         "resource", "level", "stage", "write").annotate(n=Count("id")))
 
 
@@ -417,14 +440,17 @@ def kinds_of(events: QuerySet) -> Callable[[], set[str]]:
     return kinds
 
 
-def steps(events: QuerySet, slow_ms: float = SLOW_MS,
-          incident_id: int | None = None) -> list[tuple[str, Callable[[], list]]]:
+def steps(events: QuerySet, slow_ms: float = SLOW_MS, incident_id: int | None = None,
+          indexed: Callable[[], columnar.Requests | None] | None = None
+          ) -> list[tuple[str, Callable[[], list]]]:
     """(name, the function finding those insights) for every part of the computation; the
     Falco rules' detections (``timelines.detections``) when ``incident_id`` is given. The parts
     of a kind of evidence the incident does not hold (requests, Events, logs, object state)
     read nothing: each of their reads would be a pass over every event to find none (an audit
-    log of 500,000 requests: ten of them, 1.3 s)."""
+    log of 500,000 requests: ten of them, 1.3 s). ``indexed()``: the incident's requests in its
+    column index, or None; the parts named in ``INDEXED`` count on it when it is there."""
     kinds = kinds_of(events)
+    requests = once(indexed or (lambda: None))
 
     def of_requests(step: Callable[[], list]) -> Callable[[], list]:
         return lambda: step() if Event.Kind.AUDIT in kinds() else []
@@ -435,15 +461,35 @@ def steps(events: QuerySet, slow_ms: float = SLOW_MS,
         ("slow-request", of_requests(lambda: slow_insights(*slow_rows(events, slow_ms),
                                                            threshold_ms=slow_ms))),
         *((name if name == "recreated-object" else "deletion: " + name, of_requests(step))
-          for name, step in deletions.steps(events)),
+          for name, step in deletions.steps(events, requests)),
         ("error-burst", of_requests(lambda: burst_insights(
-            burst_details(events, find_bursts(*error_minutes(events)))))),
-        ("conflicting-writers", of_requests(lambda: writer_insights(writer_rows(events)))),
-        ("audit-coverage", of_requests(lambda: coverage_insights(coverage_rows(events)))),
+            burst_details(events, find_bursts(*error_minutes(events, requests())))))),
+        ("conflicting-writers", of_requests(lambda: writer_insights(
+            writer_rows(events, requests())))),
+        ("audit-coverage", of_requests(lambda: coverage_insights(
+            coverage_rows(events, requests())))),
         *findings.steps(events, kinds),
         *((("detection", lambda: detections(incident_id, Event.Kind.AUDIT in kinds())),)
           if incident_id is not None else ()),
     ]
+
+
+# The parts that count on the column index when the incident has one (``columnar``), and the
+# detections, which read it: ``compute`` runs them after the others, so that behind the first
+# answer, where the index is built beside the insights, it is there when they come.
+INDEXED = frozenset({"deletion: by actor", "recreated-object", "error-burst",
+                     "conflicting-writers", "audit-coverage", "detection"})
+
+
+def once(make: Callable[[], T]) -> Callable[[], T]:
+    """``make``, called the first time only."""
+    made: list[T] = []
+
+    def get() -> T:
+        if not made:
+            made.append(make())
+        return made[0]
+    return get
 
 
 def kinds_in_order() -> tuple[str, ...]:
@@ -452,17 +498,21 @@ def kinds_in_order() -> tuple[str, ...]:
 
 
 def compute(incident_id: int, *, slow_ms: float = SLOW_MS,
-            timings: dict[str, float] | None = None) -> list[dict]:
+            timings: dict[str, float] | None = None, index: bool = True) -> list[dict]:
     """Every insight of the incident, the most severe first (kinds in ``kinds_in_order`` within a
     severity), each with its ``id``: its position in this list. ``timings``, when given, gets
-    the seconds each step took."""
-    found = []
-    for name, step in steps(Event.objects.filter(incident_id=incident_id), slow_ms,
-                            incident_id):
+    the seconds each step took. ``index``: False counts everything in the database, even when
+    the incident has a column index (the answer is the same; tests compare them)."""
+    parts = steps(Event.objects.filter(incident_id=incident_id), slow_ms, incident_id,
+                  (lambda: columnar.of_incident(incident_id)) if index else None)
+    made: dict[str, list] = {}
+    # the parts that read the column index last (stable: in their order otherwise)
+    for name, step in sorted(parts, key=lambda part: part[0] in INDEXED):
         started = time.perf_counter()
-        found += step()
+        made[name] = step()
         if timings is not None:
             timings[name] = time.perf_counter() - started
+    found = [item for name, _ in parts for item in made[name]]  # in the parts' order
     kinds = kinds_in_order()
     found.sort(key=lambda i: (SEVERITIES.index(i["severity"]), kinds.index(i["kind"])))
     for number, item in enumerate(found):
@@ -480,7 +530,8 @@ def refresh(incident_id: int) -> IncidentInsights | None:
     if version is None:
         return None
     started = time.perf_counter()
-    found = compute(incident_id)
+    timings: dict[str, float] = {}
+    found = compute(incident_id, timings=timings)
     seconds = time.perf_counter() - started
     try:
         with writing(incident_id):
@@ -492,7 +543,9 @@ def refresh(incident_id: int) -> IncidentInsights | None:
         return None
     except IntegrityError:  # another request stored them at the same moment
         return IncidentInsights.objects.filter(incident_id=incident_id).first()
-    log.info("insights of incident %s: %d in %.2f s", incident_id, len(found), seconds)
+    log.info("insights of incident %s: %d in %.2f s (%s)", incident_id, len(found), seconds,
+             ", ".join(f"{name} {took:.2f} s" for name, took in sorted(
+                 timings.items(), key=lambda item: -item[1]) if took >= 0.1))
     return row
 
 

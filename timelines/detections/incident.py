@@ -183,11 +183,8 @@ def _index_of(incident_id: int):
     """The incident's column index at its current data version, or None (none built: a small
     incident, or an upload running)."""
     from ..store import columns
-    from ..store.aggregate import data_version
 
-    columns.wait_built(incident_id)  # the analyses' other lane may be writing it
-    version = data_version(incident_id)
-    return columns.load(incident_id, version) if version is not None else None
+    return columns.built(incident_id)  # the analyses' other lane may be writing it
 
 
 def _decide_groups(incident_id: int, verdicts: Verdicts, found: Matches,

@@ -206,6 +206,15 @@ def wait_built(incident_id: int, timeout: float = 3600) -> None:
         ended.wait(timeout)
 
 
+def built(incident_id: int) -> ColumnIndex | None:
+    """The incident's index at its current data version, once the builds announced in this
+    process have ended (``wait_built``); None if there is none (a small incident, an upload
+    running, a build that failed)."""
+    wait_built(incident_id)
+    version = aggregate.data_version(incident_id)
+    return load(incident_id, version) if version is not None else None
+
+
 def build(incident_id: int, version: str) -> Path | None:
     """Write the column index of the incident's events as they are at ``version`` (the caller
     knows no upload is running, see ``aggregate.data_version``) and remove older versions.

@@ -173,10 +173,13 @@ def add_events(problems: Problems, rows: Iterable[dict]) -> None:
 
 
 def repeated_rows(events: QuerySet) -> list[dict]:
-    """(object, reason) whose Events count more than 20 in all: one GROUP BY."""
+    """(object, reason) whose Events count more than 20 in all, the most first (then by object
+    and reason: equal counts came out in whichever order the plan gave them, so two runs could
+    list, and cut at MAX_GROUPS, different ones): one GROUP BY."""
     return list(events.filter(kind="event").order_by().values(
         "resource", "namespace", "name", "reason").annotate(n=Sum("count")).filter(
-        n__gte=REPEATED_MIN).order_by("-n")[:MAX_GROUPS])
+        n__gte=REPEATED_MIN).order_by("-n", "resource", "namespace", "name", "reason")[
+        :MAX_GROUPS])
 
 
 def repeated_insights(events: QuerySet, groups: list[dict],

@@ -652,3 +652,15 @@ def test_findings_are_listed_by_the_insights_api(client, owner, incident, states
     for item in response.json():
         if item["kind"] in findings.KINDS:
             assert {"start", "end", "objects"} <= set(item), item["kind"]
+
+
+def test_objects_whose_events_count_the_same_are_listed_in_one_order(incident):
+    """Repeated Events of equal counts are listed by object (they came in the order of the
+    database's plan: two runs could list, and cut at MAX_GROUPS, different ones)."""
+    names = [f"pod-{n:02d}" for n in range(common.MAX_GROUPS + 10)]
+    Event.objects.bulk_create([
+        Event(incident=incident, audit_id=f"e{n}", received=datetime(2024, 5, 1, tzinfo=UTC),
+              kind="event", resource="pods", namespace="shop", name=name, reason="BackOff",
+              count=25) for n, name in enumerate(reversed(names))])
+    rows = findings.repeated_rows(Event.objects.filter(incident=incident))
+    assert [row["name"] for row in rows] == names[:common.MAX_GROUPS]

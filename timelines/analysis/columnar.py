@@ -24,7 +24,7 @@ from datetime import datetime
 
 import numpy as np
 
-from ..figures.build import moment
+from ..figures.build import microseconds, moment
 from ..models import Event
 from ..store import columns
 
@@ -126,6 +126,37 @@ def error_minutes(requests: Requests) -> tuple[list[tuple[str, datetime, int]],
     rows = [(names[int(key) // span], moment((int(key) % span + int(minutes.min())) * _MINUTE_US),
              int(n)) for key, n in zip(found.tolist(), counts.tolist(), strict=True)]
     return sorted(rows), first, last
+
+
+def burst_details(requests: Requests, bursts: list[dict], ids: int) -> list[dict]:
+    """``insights.burst_details``: each burst with the ids of its first ``ids`` errors, their
+    ``codes`` and their top ``users`` and ``resources``; a burst's errors are the requests of
+    its category between its ``start`` and ``end``, found by their times (sorted) and
+    counted per signature."""
+    received = np.asarray(requests.index.received)
+    signature = np.asarray(requests.index.signature)
+    category = [_category(code) if audit else None
+                for code, audit in zip(requests.of("code"), requests.audit.tolist(), strict=True)]
+    for burst in bursts:
+        begin, end = np.searchsorted(received, [microseconds(burst["start"]),
+                                                microseconds(burst["end"])], side="left")
+        of_burst = np.array([c == burst["category"] for c in category], dtype=bool).reshape(-1)
+        inside = begin + np.flatnonzero(of_burst[signature[begin:end]])
+        burst["ids"] = np.asarray(requests.index.id)[inside[:ids]].tolist()
+        counts = np.bincount(signature[inside], minlength=requests.index.signatures)
+        for name, field in (("codes", "code"), ("users", "username"),
+                            ("resources", "resource")):
+            totals: Counter = Counter()
+            values = requests.of(field)
+            for number in np.flatnonzero(counts).tolist():
+                totals[values[number]] += int(counts[number])
+            burst[name] = dict(totals) if name == "codes" else top(totals.items())
+    return bursts
+
+
+def top(counted, many: int = 3) -> list[tuple]:
+    """The ``many`` (value, count) pairs of most count, then by value."""
+    return sorted(counted, key=lambda pair: (-pair[1], pair[0]))[:many]
 
 
 def writes_per_writer(requests: Requests) -> list[tuple[str, str, str, str, str, int]]:

@@ -256,9 +256,13 @@ def error_minutes(events: QuerySet, requests: columnar.Requests | None = None
     return sorted(rows), bounds["first"], bounds["last"]
 
 
-def burst_details(events: QuerySet, bursts: list[dict]) -> list[dict]:
+def burst_details(events: QuerySet, bursts: list[dict],
+                  requests: columnar.Requests | None = None) -> list[dict]:
     """Each burst with its errors (``ids``, at most MAX_EVENTS), ``codes``, and its top
-    ``users`` and ``resources``."""
+    ``users`` and ``resources`` (the most errors first, then by name, sorted here: one order
+    whatever the database's collation); counted on the column index ``requests`` when given."""
+    if requests is not None:
+        return columnar.burst_details(requests, bursts, MAX_EVENTS)
     for burst in bursts:
         errors = requests_of(events).filter(_CATEGORY_CODES[burst["category"]],
                                        received__gte=burst["start"], received__lt=burst["end"])
@@ -266,8 +270,8 @@ def burst_details(events: QuerySet, bursts: list[dict]) -> list[dict]:
             :MAX_EVENTS])
         burst["codes"] = dict(errors.order_by().values_list("code").annotate(n=Count("id")))
         for field, name in (("username", "users"), ("resource", "resources")):
-            burst[name] = list(errors.order_by().values_list(field).annotate(
-                n=Count("id")).order_by("-n", field)[:3])
+            burst[name] = columnar.top(errors.order_by().values_list(field).annotate(
+                n=Count("id")))
     return bursts
 
 
@@ -462,8 +466,8 @@ def steps(events: QuerySet, slow_ms: float = SLOW_MS, incident_id: int | None = 
                                                            threshold_ms=slow_ms))),
         *((name if name == "recreated-object" else "deletion: " + name, of_requests(step))
           for name, step in deletions.steps(events, requests)),
-        ("error-burst", of_requests(lambda: burst_insights(
-            burst_details(events, find_bursts(*error_minutes(events, requests())))))),
+        ("error-burst", of_requests(lambda: burst_insights(burst_details(
+            events, find_bursts(*error_minutes(events, requests())), requests())))),
         ("conflicting-writers", of_requests(lambda: writer_insights(
             writer_rows(events, requests())))),
         ("audit-coverage", of_requests(lambda: coverage_insights(

@@ -5,12 +5,13 @@ without the index."""
 
 from __future__ import annotations
 
+from copy import deepcopy
 from datetime import timedelta
 
 import pytest
 
 from timelines.analysis import columnar, deletions, insights
-from timelines.analysis.common import MAX_EVENTS
+from timelines.analysis.common import MAX_EVENTS, find_bursts
 from timelines.models import Event
 from timelines.store import aggregate, columns
 
@@ -35,6 +36,10 @@ def synthetic() -> list[dict]:
     for second in range(90):  # 409s over two minutes, 429s, 5xx and 4xx between them
         add("update", "configmaps", "lock", user="operator", code=409,
             at=timedelta(minutes=30, seconds=second))
+    for second in range(30):  # 5xx of two users (as many each) on three resources
+        add("get", ("pods", "services", "nodes")[second % 3], f"x{second}",
+            user=("kubelet", "scheduler")[second % 2], code=(500, 503)[second % 2],
+            at=timedelta(minutes=35, seconds=second))
     for second in range(15):
         add("get", "pods", f"p{second}", user="kubelet", code=(429, 503, 500, 404, 403)[
             second % 5], at=timedelta(minutes=31, seconds=2 * second))
@@ -101,6 +106,11 @@ def test_errors_per_minute_are_counted_on_the_index_as_in_the_database(indexed):
     found, first_found, last_found = insights.error_minutes(events, requests)
     assert sorted(found) == sorted(rows)
     assert (first_found, last_found) == (first, last)
+    bursts = find_bursts(rows, first, last)
+    assert {burst["category"] for burst in bursts} >= {"conflict", "server"}
+    expected = insights.burst_details(events, deepcopy(bursts))
+    assert any(len(burst["users"]) > 1 for burst in expected)
+    assert insights.burst_details(events, deepcopy(bursts), requests) == expected
 
 
 def test_writes_per_writer_are_counted_on_the_index_as_in_the_database(indexed):

@@ -1,7 +1,8 @@
 """The insights' passes over every request, answered from the column index when there is one.
 
 Several insights begin with a GROUP BY over every request of the incident: the audit policy's
-coverage, the errors per minute, the writers of each object, the deletes per actor, and the
+coverage, the errors per minute and each burst's details, the writers of each object, the
+deletes per actor, the deleted objects and the writes after their deletion (finalizers), and the
 window over the creates and deletes that finds re-created objects. Each is a pass of
 PostgreSQL over every row (500,000 requests: 0.4–2 s of CPU each, bench/README.md), run behind
 the first answer beside the column index's build and the detections. Their columns are fields
@@ -157,6 +158,40 @@ def burst_details(requests: Requests, bursts: list[dict], ids: int) -> list[dict
 def top(counted, many: int = 3) -> list[tuple]:
     """The ``many`` (value, count) pairs of most count, then by value."""
     return sorted(counted, key=lambda pair: (-pair[1], pair[0]))[:many]
+
+
+def finalizer_candidates(requests: Requests, objects: int, writes: int
+                         ) -> tuple[dict[tuple, datetime], list[int]]:
+    """The queries of ``deletions.finalizer_rows``: the first ``objects`` objects (resource,
+    namespace, name) deleted by a successful delete, by the time of their first deletion (then
+    by object), with that time; and the ids of the first ``writes`` successful updates and
+    patches with bodies (Request or RequestResponse level) from the first of those deletions
+    on whose resource and name are of those objects, in time order."""
+    deletes = requests.where(lambda verb, code, name: verb == "delete" and _ok(code) and name,
+                             "verb", "code", "name")
+    positions = requests.positions(deletes)
+    if positions.size == 0:
+        return {}, []
+    signature = np.asarray(requests.index.signature)
+    received = np.asarray(requests.index.received)
+    keys: dict[tuple, int] = {}
+    objects_of = np.array([keys.setdefault(key, len(keys)) for key in zip(
+        requests.of("resource"), requests.of("namespace"), requests.of("name"), strict=True)],
+        dtype=np.int64).reshape(-1)
+    numbers, at = np.unique(objects_of[signature[positions]], return_index=True)
+    names = list(keys)
+    deleted = sorted(((moment(received[positions[n]]), names[key]) for key, n in zip(
+        numbers.tolist(), at.tolist(), strict=True)))[:objects]
+    first = {key: when for when, key in deleted}
+    resources, named = {key[0] for key in first}, {key[2] for key in first}
+    candidates = requests.where(
+        lambda verb, code, level, resource, name: (
+            verb in ("update", "patch") and _ok(code) and level in ("Request", "RequestResponse")
+            and resource in resources and name in named),
+        "verb", "code", "level", "resource", "name")
+    since = int(np.searchsorted(received, microseconds(min(first.values())), side="left"))
+    found = since + np.flatnonzero(candidates[signature[since:]])[:writes]
+    return first, np.asarray(requests.index.id)[found].tolist()
 
 
 def writes_per_writer(requests: Requests) -> list[tuple[str, str, str, str, str, int]]:

@@ -59,7 +59,7 @@ def steps(events: QuerySet, requests: Callable[[], columnar.Requests | None] = l
     ``events`` (one incident's); ``requests()``: its requests in its column index, if any."""
     return [("namespaces", lambda: namespace_insights(namespace_rows(events))),
             ("garbage collector", lambda: garbage_insights(*garbage_rows(events))),
-            ("finalizers", lambda: finalizer_insights(finalizer_rows(events))),
+            ("finalizers", lambda: finalizer_insights(finalizer_rows(events, requests()))),
             ("by actor", lambda: deletion_group_insights(deletion_groups(events, requests()))),
             ("recreated-object", lambda: recreated_insights(*recreated_rows(events,
                                                                              requests())))]
@@ -324,23 +324,34 @@ def garbage_insights(collected: list[dict], owners: list[dict],
     return found
 
 
-def finalizer_rows(events: QuerySet) -> list[dict]:
+def finalizer_rows(events: QuerySet, requests: columnar.Requests | None = None) -> list[dict]:
     """Updates and patches (with bodies: Request or RequestResponse level) of objects deleted in
     the incident, from their first deletion on, with their bodies: where finalizers are
-    emptied."""
-    deleted = list(_deletes(events).filter(verb="delete").exclude(name="").order_by().values(
-        "resource", "namespace", "name").annotate(first=Min("received"))[:MAX_BODIES])
-    if not deleted:
-        return []
-    first = {(d["resource"], d["namespace"], d["name"]): d["first"] for d in deleted}
-    writes = [w for w in requests_of(events).filter(
-        STATUS_OK, verb__in=("update", "patch"), level__in=("Request", "RequestResponse"),
-        name__in={d["name"] for d in deleted}, resource__in={d["resource"] for d in deleted},
-        received__gte=min(first.values())).order_by("received", "id").values(
-        "id", "received", "username", "verb", "resource", "subresource", "namespace", "name",
-        "body_chunk", "body_index")[:MAX_BODIES * 2]
-        if (w["resource"], w["namespace"], w["name"]) in first
-        and w["received"] >= first[(w["resource"], w["namespace"], w["name"])]][:MAX_BODIES]
+    emptied. The deleted objects (the first MAX_BODIES deleted) and the writes that may be
+    theirs found on the column index ``requests`` when given."""
+    if requests is not None:
+        first, ids = columnar.finalizer_candidates(requests, MAX_BODIES, MAX_BODIES * 2)
+        if not first:
+            return []
+        candidates = sorted(events.filter(pk__in=ids).order_by().values(*_WRITE_FIELDS),
+                            key=lambda w: (w["received"], w["id"]))
+    else:
+        deleted = list(_deletes(events).filter(verb="delete").exclude(name="").order_by()
+                       .values("resource", "namespace", "name").annotate(
+            first=Min("received")).order_by("first", "resource", "namespace", "name")[
+            :MAX_BODIES])
+        if not deleted:
+            return []
+        first = {(d["resource"], d["namespace"], d["name"]): d["first"] for d in deleted}
+        candidates = requests_of(events).filter(
+            STATUS_OK, verb__in=("update", "patch"), level__in=("Request", "RequestResponse"),
+            name__in={d["name"] for d in deleted}, resource__in={d["resource"] for d in deleted},
+            received__gte=min(first.values())).order_by("received", "id").values(
+            *_WRITE_FIELDS)[:MAX_BODIES * 2]
+    writes = [w for w in candidates
+              if (w["resource"], w["namespace"], w["name"]) in first
+              and w["received"] >= first[(w["resource"], w["namespace"], w["name"])]][
+        :MAX_BODIES]
     bodies = read_bodies(writes)
     for write in writes:
         write["body"] = bodies.get(write["id"])
@@ -366,6 +377,10 @@ def empties_finalizers(body: dict | None) -> bool:
         response = metadata_of(body, "responseObject")
         return bool(response) and not response.get("finalizers")
     return False
+
+
+_WRITE_FIELDS = ("id", "received", "username", "verb", "resource", "subresource", "namespace",
+                 "name", "body_chunk", "body_index")
 
 
 def finalizer_insights(writes: list[dict]) -> list[dict]:

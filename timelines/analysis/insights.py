@@ -481,7 +481,8 @@ def steps(events: QuerySet, slow_ms: float = SLOW_MS, incident_id: int | None = 
 # The parts that count on the column index when the incident has one (``columnar``), and the
 # detections, which read it: ``compute`` runs them after the others, so that behind the first
 # answer, where the index is built beside the insights, it is there when they come.
-INDEXED = frozenset({"deletion: by actor", "recreated-object", "error-burst",
+INDEXED = frozenset({"deletion: finalizers", "deletion: by actor", "recreated-object",
+                     "error-burst",
                      "conflicting-writers", "audit-coverage", "detection"})
 
 

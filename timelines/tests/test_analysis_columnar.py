@@ -68,6 +68,16 @@ def synthetic() -> list[dict]:
         add("create", "pods", user="alice", at=at + timedelta(seconds=9))  # no name
         add("delete", "services", f"svc{k}", user="alice", code=404, at=at)
         add("create", "services", f"svc{k}", user="alice", at=at + timedelta(seconds=1))
+    # a deleted object's writes with bodies after its deletion (one empties its finalizers),
+    # not before, not of its name in another namespace, not without a body
+    emptied = {"metadata": {"finalizers": []}}
+    add("patch", "configmaps", "fin", level="RequestResponse", at=timedelta(minutes=59))
+    add("delete", "configmaps", "fin", user="ctrl", at=timedelta(minutes=60))
+    add("patch", "configmaps", "fin", level="RequestResponse", requestObject=emptied,
+        at=timedelta(minutes=60, seconds=5))
+    add("patch", "configmaps", "fin", namespace="other", level="RequestResponse",
+        requestObject=emptied, at=timedelta(minutes=61))
+    add("update", "configmaps", "fin", at=timedelta(minutes=61, seconds=5))
     for k in range(20):
         add("list", "pods", user="controller", uri="/api/v1/pods" if k % 2 else
             "/api/v1/pods?resourceVersion=0", at=timedelta(minutes=k), took_ms=30)
@@ -140,6 +150,16 @@ def test_recreations_are_found_on_the_index_as_in_the_database(indexed):
     assert not {"svc0", "svc1", "svc2"} & names  # their deletes failed
     assert columnar.recreations(requests) == expected
     assert deletions.recreated_rows(events, requests) == deletions.recreated_rows(events)
+
+
+def test_finalizer_writes_are_found_on_the_index_as_in_the_database(indexed):
+    _, events, requests = indexed
+    expected = deletions.finalizer_rows(events)
+    assert [(w["namespace"], w["name"]) for w in expected] == [("shop", "fin")]
+    assert deletions.finalizer_rows(events, requests) == expected
+    first, _ = columnar.finalizer_candidates(requests, 1000, 1000)
+    deleted = events.filter(verb="delete", code__gte=200, code__lt=300).exclude(name="")
+    assert set(first) == set(deleted.values_list("resource", "namespace", "name"))
 
 
 def test_the_insights_are_the_same_with_the_index_and_without(indexed):

@@ -28,6 +28,13 @@ def ready_upload(incident, path) -> Upload:
     return upload
 
 
+def unregister(*names: str) -> None:
+    """Remove analyses a test registered."""
+    for name in names:
+        registry.ANALYSES.pop(name)
+        registry.ALONGSIDE.discard(name)
+
+
 @pytest.fixture
 def recorded():
     """An analysis registered for the test (and removed after it) that records its calls."""
@@ -239,9 +246,7 @@ def test_a_reader_of_the_column_index_goes_on_once_it_is_built_not_after_the_lan
         ready_upload(incident, demo_log)
         assert complete_incident(incident.pk)
     finally:
-        registry.ANALYSES.pop("test after the index")
-        registry.ANALYSES.pop("test reader")
-        registry.ALONGSIDE.discard("test after the index")
+        unregister("test after the index", "test reader")
     assert seen == [("after the index", True)]
     assert columns._announced == {}
 
@@ -279,9 +284,7 @@ def test_each_lane_plans_for_its_share_of_the_cpus(incident, demo_log, monkeypat
         ready_upload(incident, demo_log)
         assert complete_incident(incident.pk)
     finally:
-        registry.ANALYSES.pop("test beside")
-        registry.ANALYSES.pop("test other")
-        registry.ALONGSIDE.discard("test beside")
+        unregister("test beside", "test other")
     share = str(cpus // 2 - 1)
     assert seen == {"beside": (share, share), "other": (share, share)}
     assert parallel() == before

@@ -435,13 +435,7 @@ def coverage_insights(rows: list[tuple[str, str, str, bool, int]]) -> list[dict]
 
 def kinds_of(events: QuerySet) -> Callable[[], set[str]]:
     """A function giving the kinds of ``events``, read once (one pass) when first asked."""
-    known: list[set[str]] = []
-
-    def kinds() -> set[str]:
-        if not known:
-            known.append(set(events.order_by().values_list("kind", flat=True).distinct()))
-        return known[0]
-    return kinds
+    return once(lambda: set(events.order_by().values_list("kind", flat=True).distinct()))
 
 
 def steps(events: QuerySet, slow_ms: float = SLOW_MS, incident_id: int | None = None,

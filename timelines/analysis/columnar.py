@@ -28,9 +28,9 @@ import numpy as np
 from ..figures.build import microseconds, moment
 from ..models import Event
 from ..store import columns
+from .common import WRITE_VERBS
 
 _MINUTE_US = 60_000_000
-_WRITE_VERBS = ("create", "update", "patch", "delete")
 
 
 class Requests:
@@ -89,7 +89,7 @@ def coverage_rows(requests: Requests) -> list[tuple[str, str, str, bool, int]]:
     counts: Counter = Counter()
     for (resource, level, stage, verb), n in requests.grouped(
             requests.audit, "resource", "level", "stage", "verb").items():
-        counts[(resource, level, stage, verb in _WRITE_VERBS)] += n
+        counts[(resource, level, stage, verb in WRITE_VERBS)] += n
     return [(*key, n) for key, n in counts.items()]
 
 
@@ -199,7 +199,7 @@ def writes_per_writer(requests: Requests) -> list[tuple[str, str, str, str, str,
     writes) of the writes (create, update, patch, delete answered 2xx or 409) of named
     objects."""
     writes = requests.where(
-        lambda verb, code, name: verb in _WRITE_VERBS and (code == 409 or _ok(code)) and name,
+        lambda verb, code, name: verb in WRITE_VERBS and (code == 409 or _ok(code)) and name,
         "verb", "code", "name")
     return [(*key, n) for key, n in requests.grouped(
         writes, "resource", "subresource", "namespace", "name", "username").items()]

@@ -26,6 +26,7 @@ MAX_LISTED = 50  # entries of an insight's lists of facts (deletes, recreationsâ
 MAX_GROUPS = 30  # deletion groups, recreated objects, finalizer removals
 MAX_BODIES = 2000  # bodies read for one kind
 STATUS_OK = Q(code__gte=200, code__lt=300)
+WRITE_VERBS = ("create", "update", "patch", "delete")  # requests that change an object
 BURST_MIN = 10  # errors of one category in a minute that may be a burst
 BURST_FACTOR = 5  # â€¦when this many times the category's mean rate over the incident
 BURST_SPAN = timedelta(minutes=10)  # below this span every concentration of errors counts

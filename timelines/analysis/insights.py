@@ -40,6 +40,7 @@ from .common import (
     MAX_EVENTS,
     MAX_GROUPS,
     STATUS_OK,
+    WRITE_VERBS,
     find_bursts,
     insight,
     object_label,
@@ -67,7 +68,6 @@ ETCD_LIST_WARNING = 100  # LISTs of one actor from etcd that make a warning (or 
 ETCD_MS_WARNING = 10_000.0
 MAX_OBJECTS = 60  # objects with several writers looked at (the most written)
 MIN_SWITCHES = 2  # A, B, A: two changes of writer
-WRITE_VERBS = ("create", "update", "patch", "delete")
 RESOURCE_VERSION_SET = r"[?&]resourceVersion=[^&]"
 
 

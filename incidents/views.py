@@ -198,11 +198,11 @@ def _administration(user, incident: Incident) -> dict:
 def _mark_detections(incident: Incident, events: list) -> None:
     """``event.detections``: the Falco rules (``timelines.detections``) that matched each event
     of the page, by name, in one query."""
-    from timelines.detections.models import DetectionEvent
+    from timelines.detections.models import DetectionMatch
 
     rules: dict[int, list[str]] = {}
     if events:
-        for event_id, rule in DetectionEvent.objects.filter(
+        for event_id, rule in DetectionMatch.objects.filter(
                 incident_id=incident.pk, event_id__in=[e.pk for e in events]).order_by(
                 "rule").values_list("event_id", "rule"):
             rules.setdefault(event_id, []).append(rule)

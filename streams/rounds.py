@@ -9,7 +9,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from timelines.detections.incident import copy_matches, evaluate, ruleset_of_team
-from timelines.detections.models import DetectionEvent
+from timelines.detections.models import DetectionMatch
 from timelines.ingest.store import analyze
 from timelines.models import Event
 
@@ -74,7 +74,7 @@ def _replace_matches(cursor, segment: Segment, ids: list[int], matched: dict) ->
     # a join with the ids, probing the index per id whatever the table's statistics say: as
     # ``event_id = ANY(ids)``, unanalyzed matches (autovacuum off, or behind) were read whole
     # and each tested against the 8,000 ids (15 s a round at 400,000 matches)
-    cursor.execute(f"DELETE FROM {DetectionEvent._meta.db_table} d"
+    cursor.execute(f"DELETE FROM {DetectionMatch._meta.db_table} d"
                    " USING unnest(%s::bigint[]) AS k(event_id)"
                    " WHERE d.incident_id = %s AND d.event_id = k.event_id",
                    [ids, segment.incident_id])
@@ -122,11 +122,11 @@ def detect_batch(stored: dict, pause=None) -> dict[str, int]:
             if not postgres:
                 alive = set(Event.objects.filter(incident_id=incident_id, pk__in=ids)
                             .values_list("id", flat=True))
-                DetectionEvent.objects.filter(incident_id=incident_id,
+                DetectionMatch.objects.filter(incident_id=incident_id,
                                               event_id__in=ids).delete()
-                DetectionEvent.objects.bulk_create(
-                    DetectionEvent(incident_id=incident_id, rule=rule, event_id=event_id)
-                    for rule, matched in found.ids.items() for event_id in matched
+                DetectionMatch.objects.bulk_create(
+                    DetectionMatch(incident_id=incident_id, rule=rule, event_id=event_id)
+                    for rule, matched in found.ids.items() for event_id in dict.fromkeys(matched)
                     if event_id in alive)
         for rule, matched in found.ids.items():
             counts[rule] = counts.get(rule, 0) + len(matched)

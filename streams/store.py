@@ -27,7 +27,7 @@ from django.db import connection, transaction
 from django.db.models import F, Max, Min, Sum
 
 from incidents.models import Incident
-from timelines.detections.models import DetectionEvent
+from timelines.detections.models import DetectionMatch
 from timelines.ingest.store import write_rows
 from timelines.models import BodyChunk, Event
 from timelines.parsers import Row
@@ -218,7 +218,7 @@ def _truncate(segment: Segment) -> None:
     else:
         Event.objects.filter(incident_id=segment.incident_id).delete()
     BodyChunk.objects.filter(incident_id=segment.incident_id).delete()
-    DetectionEvent.objects.filter(incident_id=segment.incident_id).delete()
+    DetectionMatch.objects.filter(incident_id=segment.incident_id).delete()
 
 
 def empty_segment(segment: Segment) -> None:

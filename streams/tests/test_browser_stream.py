@@ -11,7 +11,7 @@ from hindsight.testing import assert_star_drawn, detection_star, star_hover_text
 from streams import store
 from streams.rounds import detect_batch
 from timelines.detections import rules
-from timelines.detections.models import DetectionEvent
+from timelines.detections.models import DetectionMatch
 
 from .helpers import event_list
 from .test_detections import day_traces
@@ -30,7 +30,7 @@ def test_a_stream_s_live_view_stars_its_detected_requests(
     detect_batch({slot: [(r.isoformat(), a) for r, a in store.events(stream).filter(
         incident_id=slot).values_list("received", "audit_id")] for slot in
         store.incident_ids(stream)})
-    target = DetectionEvent.objects.get(
+    target = DetectionMatch.objects.get(
         incident_id__in=store.incident_ids(stream), rule=STREAM_RULE).event_id
     priority = rules.load(rules.default_files()).rule(STREAM_RULE).priority
 

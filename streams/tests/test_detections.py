@@ -16,7 +16,7 @@ from incidents.models import Incident
 from streams import store
 from streams.rounds import detect_batch
 from timelines.detections.incident import detections, evaluate, ruleset_of_team
-from timelines.detections.models import DetectionEvent
+from timelines.detections.models import DetectionMatch
 from timelines.ingest.store import write_rows
 from timelines.models import Event
 
@@ -53,7 +53,7 @@ def matches_by_key(incident_ids) -> dict[str, set]:
     keys = dict(((pk), (r, a)) for pk, r, a in Event.objects.filter(
         incident_id__in=incident_ids).values_list("id", "received", "audit_id"))
     out = defaultdict(set)
-    for rule, event_id in DetectionEvent.objects.filter(
+    for rule, event_id in DetectionMatch.objects.filter(
             incident_id__in=incident_ids).values_list("rule", "event_id"):
         out[rule].add(keys[event_id])
     return dict(out)
@@ -142,12 +142,12 @@ def test_evaluating_again_replaces_and_emptying_drops(stream_of, post_batch, tea
     assert first
     detect_batch(keys)
     assert matches_by_key(slots) == first
-    assert DetectionEvent.objects.filter(incident_id__in=slots).count() == sum(
+    assert DetectionMatch.objects.filter(incident_id__in=slots).count() == sum(
         len(v) for v in first.values())
     assert first == expected_matches(team, stored_lines(stream, paths))
     for segment in stream.segments.all():
         store.empty_segment(segment)
-    assert not DetectionEvent.objects.filter(incident_id__in=slots).exists()
+    assert not DetectionMatch.objects.filter(incident_id__in=slots).exists()
 
 
 def test_batches_stored_while_an_evaluation_runs_are_evaluated_together(settings, monkeypatch):
@@ -206,7 +206,7 @@ def test_the_stream_figure_stars_the_requests_its_rules_matched(
     detect_batch({slot: [(r.isoformat(), a) for r, a in store.events(stream).filter(
         incident_id=slot).values_list("received", "audit_id")] for slot in slots})
     matched = defaultdict(set)
-    for event_id, rule in DetectionEvent.objects.filter(incident_id__in=slots).values_list(
+    for event_id, rule in DetectionMatch.objects.filter(incident_id__in=slots).values_list(
             "event_id", "rule"):
         matched[event_id].add(rule)
     assert matched
@@ -358,7 +358,7 @@ def test_rounds_run_in_a_child_process_below_the_receivers_which_is_started_agai
     assert os.getpriority(os.PRIO_PROCESS, child.pid) == detector.NICE
     assert os.getpriority(os.PRIO_PROCESS, 0) < detector.NICE  # the receivers' is not lowered
     slots = store.incident_ids(stream)
-    first = DetectionEvent.objects.filter(incident_id__in=slots).count()
+    first = DetectionMatch.objects.filter(incident_id__in=slots).count()
     assert first
 
     child.kill()

@@ -1,7 +1,7 @@
 """What the timeline figure marks as detected: the rules (with their priority and severity) that
 matched each drawn event, for ``figures.build.build_gantt_figure``'s ``detections``.
 
-One query over the stored matches (``DetectionEvent``) of the figure's events, by the leading
+One query over the stored matches (``DetectionMatch``) of the figure's events, by the leading
 columns of their index; nothing more when none of them was detected, which is most figures.
 The priorities come from the rules the team's incidents are evaluated with, and only when some
 drawn event was detected (``rules.load`` keeps a rule set once read, so that is one small query
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from django.db.models import QuerySet
 
 from . import rules
-from .models import DetectionEvent
+from .models import DetectionMatch
 
 
 def detected(incident_ids: Iterable[int] | QuerySet, event_ids: Sequence[int],
@@ -26,7 +26,7 @@ def detected(incident_ids: Iterable[int] | QuerySet, event_ids: Sequence[int],
     the ids are only looked at again when some match came back."""
     if not event_ids:
         return {}
-    matches = list(DetectionEvent.objects.filter(
+    matches = list(DetectionMatch.objects.filter(
         incident_id__in=incident_ids, event_id__gte=min(event_ids),
         event_id__lte=max(event_ids)).values_list("event_id", "rule"))
     if not matches:

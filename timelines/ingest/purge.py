@@ -131,10 +131,10 @@ def purge_incident(incident_id: int) -> dict[str, int] | None:
             Event.objects.db)
         done["chunks"] = BodyChunk.objects.filter(incident_id=incident_id)._raw_delete(
             BodyChunk.objects.db)
-        from ..detections.models import DetectionEvent  # which Falco rules matched its events
+        from ..detections.models import DetectionMatch  # which Falco rules matched its events
 
-        DetectionEvent.objects.filter(incident_id=incident_id)._raw_delete(
-            DetectionEvent.objects.db)
+        DetectionMatch.objects.filter(incident_id=incident_id)._raw_delete(
+            DetectionMatch.objects.db)
     done["files"] = _remove_files(purge)
     from ..store import columns  # numpy only where it is used (see timelines.reads.queries)
 

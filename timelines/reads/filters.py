@@ -119,9 +119,9 @@ class DetectedBy(AnyOf):
     def filter(self, qs, value):
         if not value:
             return qs
-        from ..detections.models import DetectionEvent
+        from ..detections.models import DetectionMatch
 
-        return qs.filter(Exists(DetectionEvent.objects.filter(
+        return qs.filter(Exists(DetectionMatch.objects.filter(
             incident_id=OuterRef("incident_id"), rule__in=value, event_id=OuterRef("id"))))
 
 

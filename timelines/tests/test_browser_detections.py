@@ -16,7 +16,7 @@ from hindsight.testing import (
 )
 from timelines.detections import rules
 from timelines.detections.incident import evaluate, ruleset_for, store_matches
-from timelines.detections.models import DetectionEvent
+from timelines.detections.models import DetectionMatch
 from timelines.figures.build import hover_texts
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,12 +27,12 @@ RULE = "Create/Modify Configmap With Private Credentials"
 def test_a_detected_request_is_starred_on_the_timeline_and_its_hover_names_the_rule(
         open_page, owner, incident, falco):
     store_matches(incident.pk, evaluate(incident.pk, ruleset_for(incident.pk)))
-    target = min(DetectionEvent.objects.filter(incident_id=incident.pk, rule=RULE)
+    target = min(DetectionMatch.objects.filter(incident_id=incident.pk, rule=RULE)
                  .values_list("event_id", flat=True))
     priority = rules.load(rules.default_files()).rule(RULE).priority
     page = open_page(owner, f"/incidents/{incident.pk}/")
     page.wait_for_function("Number(document.getElementById('gantt').dataset.drawn || 0) >= 1")
-    detected = DetectionEvent.objects.filter(incident_id=incident.pk).values(
+    detected = DetectionMatch.objects.filter(incident_id=incident.pk).values(
         "event_id").distinct().count()
     assert f"{detected} detected" in page.text_content("#gantt-status")
 

@@ -14,7 +14,7 @@ from django.urls import reverse
 from timelines.analysis import insights
 from timelines.detections import engine, rules
 from timelines.detections.incident import evaluate, ruleset_for
-from timelines.detections.models import DetectionEvent, RulesFile
+from timelines.detections.models import DetectionMatch, RulesFile
 from timelines.models import Event
 
 from .conftest import FALCO_DAY
@@ -115,7 +115,7 @@ def test_detections_are_insights_and_filter_events(falco, incident, fixtures_dir
     assert page.status_code == 200
     assert {e["audit_id"] for e in page.json()["results"]} == expected[rule_name]
     item = next(i for i in found if i["rule"] == rule_name)
-    assert set(item["events"]) == set(DetectionEvent.objects.filter(
+    assert set(item["events"]) == set(DetectionMatch.objects.filter(
         incident=incident, rule=rule_name).values_list("event_id", flat=True))
 
 
@@ -189,7 +189,7 @@ def superuser_key(django_user_model, token_for):
 def test_the_timeline_marks_detected_events(falco, incident, owner, client):
     insights.refresh(incident.pk)
     rule_name = "Attach/Exec Pod"
-    expected = set(DetectionEvent.objects.filter(incident=incident, rule=rule_name).values_list(
+    expected = set(DetectionMatch.objects.filter(incident=incident, rule=rule_name).values_list(
         "event_id", flat=True))
     assert expected
     client.force_login(owner)
@@ -204,10 +204,49 @@ def test_the_purge_of_a_deleted_incident_removes_its_matches(falco, incident):
     from timelines.ingest.purge import delete_incident, purge_incident
 
     insights.refresh(incident.pk)
-    assert DetectionEvent.objects.filter(incident=incident).exists()
+    assert DetectionMatch.objects.filter(incident=incident).exists()
     delete_incident(incident)
     purge_incident(incident.pk)
-    assert not DetectionEvent.objects.filter(incident_id=incident.pk).exists()
+    assert not DetectionMatch.objects.filter(incident_id=incident.pk).exists()
+
+
+def test_the_matches_move_to_their_keyed_table_and_back(falco, incident):
+    """Migration 0003 moves every match to the table keyed by (incident, event, rule), and a
+    duplicate that the serial id allowed as one; reversed, every match is back."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    insights.refresh(incident.pk)
+    stored = sorted(DetectionMatch.objects.filter(incident=incident).values_list(
+        "event_id", "rule"))
+    assert len(stored) > 10
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    try:
+        MigrationExecutor(connection).migrate([("detections", "0002_detection_event_id")])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT event_id, rule FROM detections_detectionevent"
+                           " WHERE incident_id = %s", [incident.pk])
+            assert sorted(cursor.fetchall()) == stored
+            cursor.execute("INSERT INTO detections_detectionevent (incident_id, event_id, rule)"
+                           " VALUES (%s, %s, %s)", [incident.pk, *stored[0]])
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+    assert sorted(DetectionMatch.objects.filter(incident=incident).values_list(
+        "event_id", "rule")) == stored
+
+
+@pytest.mark.embedded
+def test_matches_are_stored_once_each(incident):
+    """A rule that names an event twice stores one match (the key refuses a second), by COPY
+    on PostgreSQL and by rows on SQLite."""
+    from timelines.detections.incident import Matches, store_matches
+
+    found = Matches()
+    found.ids["a"] += [3, 1, 3]
+    found.ids["b"] += [1]
+    store_matches(incident.pk, found)
+    assert sorted(DetectionMatch.objects.filter(incident=incident).values_list(
+        "rule", "event_id")) == [("a", 1), ("a", 3), ("b", 1)]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -452,18 +452,18 @@ def test_detected_requests_are_starred_with_their_rules_and_honour_the_filters(
 
     from timelines.detections import rules
     from timelines.detections.incident import evaluate, ruleset_for, store_matches
-    from timelines.detections.models import DetectionEvent
+    from timelines.detections.models import DetectionMatch
 
     client = client_of(owner)
     # the analyses after the ingest stored the matches already: none, no stars
-    DetectionEvent.objects.filter(incident_id=incident.pk).delete()
+    DetectionMatch.objects.filter(incident_id=incident.pk).delete()
     before = _figure(client, incident)
     assert before["meta"]["mode"] == "gantt" and before["meta"]["spans"] == len(falco)
     assert _stars(before) == {} and before["meta"]["detected"] == 0
 
     store_matches(incident.pk, evaluate(incident.pk, ruleset_for(incident.pk)))
     matched = defaultdict(set)
-    for event_id, rule in DetectionEvent.objects.filter(incident_id=incident.pk).values_list(
+    for event_id, rule in DetectionMatch.objects.filter(incident_id=incident.pk).values_list(
             "event_id", "rule"):
         matched[event_id].add(rule)
     assert 1 < len(matched) < len(falco)

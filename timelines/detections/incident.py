@@ -666,7 +666,7 @@ class _Locator:
 
     def objects(self, ids: list[int]) -> list[Object] | None:
         """The objects of ``ids``, or None if one of them is not in the index."""
-        wanted = np.unique(np.asarray(ids, dtype=np.int64))
+        wanted = _distinct(np.asarray(ids, dtype=np.int64))
         at = np.searchsorted(self.sorted_ids, wanted)
         if len(self.sorted_ids) == 0 or at.max(initial=0) >= len(self.sorted_ids) or (
                 self.sorted_ids[at] != wanted).any():
@@ -685,22 +685,79 @@ class _Locator:
 
 def store_matches(incident_id: int, found: Matches) -> None:
     """Replace the incident's matched events (the ``detection=`` filter's), in one transaction
-    that holds the incident (nothing is written for a deleted one); COPY on PostgreSQL."""
+    that holds the incident (nothing is written for a deleted one); on PostgreSQL only the
+    matches that changed (``replace_matches``)."""
     from incidents.models import writing
 
     from .models import DetectionMatch
 
     with writing(incident_id):
-        DetectionMatch.objects.filter(incident_id=incident_id)._raw_delete(
-            DetectionMatch.objects.db)
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                copy_matches(cursor, incident_id, found.ids)
-        else:
-            DetectionMatch.objects.bulk_create(
-                (DetectionMatch(incident_id=incident_id, rule=rule, event_id=event_id)
-                 for rule, ids in found.ids.items() for event_id in dict.fromkeys(ids)),
-                batch_size=5000)
+                replace_matches(cursor, incident_id, found.ids)
+            return
+        DetectionMatch.objects.filter(incident_id=incident_id)._raw_delete(
+            DetectionMatch.objects.db)
+        DetectionMatch.objects.bulk_create(
+            (DetectionMatch(incident_id=incident_id, rule=rule, event_id=event_id)
+             for rule, ids in found.ids.items() for event_id in dict.fromkeys(ids)),
+            batch_size=5000)
+
+
+def replace_matches(cursor, incident_id: int, matched: dict[str, list[int]]) -> None:
+    """PostgreSQL: the incident's matches become ``matched`` (rule → event ids), deleting
+    those that are no longer and adding those that are new; those that stay are not written
+    again. The insights of a new upload find nearly every match of the last ones again, and
+    writing a key back where it was just deleted checks each against its dead row (the
+    355,000 matches of 500,000 requests: 3.3-3.6 s, against 0.8-1.0 s for a first COPY)."""
+    from .models import DetectionMatch
+
+    table = DetectionMatch._meta.db_table
+    rules = list(matched)
+    ((data,),) = packed.fetch(
+        "SELECT string_agg(int8send(event_id) || int8send(r.number), ''::bytea)"
+        f" FROM {table} d JOIN unnest(%s::text[]) WITH ORDINALITY AS r(rule, number)"
+        " USING (rule) WHERE d.incident_id = %s", [rules, incident_id])
+    # the matches of rules that are gone (a rules file removed, a rule renamed)
+    cursor.execute(f"DELETE FROM {table} WHERE incident_id = %s AND NOT (rule = ANY(%s))",
+                   [incident_id, rules])
+    if not data:  # nothing stored of these rules: all of them are new
+        copy_matches(cursor, incident_id, matched)
+        return
+    stored = np.frombuffer(data, dtype=">i8").reshape(-1, 2).astype(np.int64)
+    # one number per match, event id then rule: the two sets compared at once
+    width = len(rules) + 1
+    old = stored[:, 0] * width + stored[:, 1]
+    new = np.concatenate([np.empty(0, dtype=np.int64), *(
+        np.asarray(matched[rule], dtype=np.int64) * width + number
+        for number, rule in enumerate(rules, start=1))])
+    gone = old[~_within(old, new)]
+    if len(gone):
+        cursor.execute(f"DELETE FROM {table} d USING unnest(%s::bigint[], %s::text[])"
+                       " AS k(event_id, rule) WHERE d.incident_id = %s"
+                       " AND d.event_id = k.event_id AND d.rule = k.rule",
+                       [(gone // width).tolist(), [rules[n - 1] for n in (gone % width).tolist()],
+                        incident_id])
+    fresh = new[~_within(new, old)]
+    which = fresh % width
+    added = {rule: (fresh[which == number] // width).tolist()
+             for number, rule in enumerate(rules, start=1)}
+    copy_matches(cursor, incident_id, added)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """``numpy.unique(values)`` by sorting: without ``return_*``, numpy 2.4 hashes, 0.45-0.7 s
+    for 355,000 distinct numbers where sorting takes 0.01 s."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
+
+
+def _within(values: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of ``among``, by sorting and binary search (numpy's
+    set functions hash, as ``_distinct`` tells: 0.7 s for 355,000 matches, against 0.03 s)."""
+    among = np.sort(among)
+    at = np.minimum(np.searchsorted(among, values), max(len(among) - 1, 0))
+    return (among[at] == values) if len(among) else np.zeros(len(values), dtype=bool)
 
 
 COPY_ROWS = 50_000  # rows of text per write

@@ -235,10 +235,7 @@ def test_the_matches_move_to_their_keyed_table_and_back(falco, incident):
         "event_id", "rule")) == stored
 
 
-@pytest.mark.embedded
-def test_matches_are_stored_once_each(incident):
-    """A rule that names an event twice stores one match (the key refuses a second), by COPY
-    on PostgreSQL and by rows on SQLite."""
+def _stores_each_match_once(incident) -> None:
     from timelines.detections.incident import Matches, store_matches
 
     found = Matches()
@@ -247,6 +244,50 @@ def test_matches_are_stored_once_each(incident):
     store_matches(incident.pk, found)
     assert sorted(DetectionMatch.objects.filter(incident=incident).values_list(
         "rule", "event_id")) == [("a", 1), ("a", 3), ("b", 1)]
+
+
+def test_matches_are_stored_once_each(incident):
+    """A rule that names an event twice stores one match (the key refuses a second): by COPY
+    on PostgreSQL, by rows on SQLite (the embedded test below)."""
+    _stores_each_match_once(incident)
+
+
+@pytest.mark.embedded
+def test_matches_are_stored_once_each_embedded(incident):
+    _stores_each_match_once(incident)
+
+
+def test_new_matches_write_only_what_changed(incident, team, owner):
+    """PostgreSQL: a match found again stays where it is (the same row), those no longer found
+    are deleted (of a rule gone too), the new ones added; another incident's stay."""
+    from django.db import connection
+
+    from incidents.models import Incident
+    from timelines.detections.incident import Matches, store_matches
+
+    def matches(**ids) -> Matches:
+        found = Matches()
+        for rule, event_ids in ids.items():
+            found.ids[rule] += event_ids
+        return found
+
+    def rows(incident_id) -> dict[tuple, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT rule, event_id, ctid::text FROM detections_detectionmatch"
+                           " WHERE incident_id = %s", [incident_id])
+            return {(rule, event_id): where for rule, event_id, where in cursor.fetchall()}
+
+    other = Incident.objects.create(title="other", team=team, created_by=owner)
+    store_matches(other.pk, matches(a=[1, 2]))
+    store_matches(incident.pk, matches(a=[1, 2, 3], b=[2], gone=[5]))
+    before = rows(incident.pk)
+    store_matches(incident.pk, matches(a=[3, 4, 2], b=[], c=[1]))
+    after = rows(incident.pk)
+    assert set(after) == {("a", 2), ("a", 3), ("a", 4), ("c", 1)}
+    assert after[("a", 2)] == before[("a", 2)] and after[("a", 3)] == before[("a", 3)]
+    assert set(rows(other.pk)) == {("a", 1), ("a", 2)}
+    store_matches(incident.pk, matches())
+    assert rows(incident.pk) == {} and len(rows(other.pk)) == 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -304,3 +345,17 @@ def test_two_processes_try_the_bodies_as_one_does(falco, incident, monkeypatch, 
     assert time.monotonic() - started_at < 30
     assert "gave no answer" in caplog.text
     assert dict(hung.ids) == dict(alone.ids)
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 2000])
+def test_the_set_helpers_answer_as_numpy_s_set_functions(size):
+    """``_distinct`` and ``_within`` sort instead of hashing, with numpy's answers (repeated
+    values, none, one)."""
+    import numpy as np
+
+    from timelines.detections.incident import _distinct, _within
+
+    rng = np.random.default_rng(size)
+    values, among = rng.integers(0, 60, size), rng.integers(0, 60, size // 2)
+    assert _distinct(values).tolist() == np.unique(values).tolist()
+    assert _within(values, among).tolist() == np.isin(values, among).tolist()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole test suite: lint, then the PostgreSQL + Redis pass (including a real
-# Celery worker), then the embedded pass (SQLite, in-process tasks). Fails, never skips, when
-# PostgreSQL or Redis is unreachable.
+# Celery worker; one pytest-xdist worker per CPU), then the embedded pass (SQLite, in-process
+# tasks). Fails, never skips, when PostgreSQL or Redis is unreachable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -27,6 +27,8 @@ except Exception as exc:
 PY
 
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# the PostgreSQL pass on every CPU (up to four), each pytest-xdist worker with a test database,
+# a Redis database and a data directory of its own (hindsight/pytest_workers.py)
+.venv/bin/python -m pytest -p no:cacheprovider -n auto --maxprocesses 4 "$@"
 env -u DATABASE_URL -u CELERY_BROKER_URL HINDSIGHT_DATA_DIR="$data_dir/embedded" \
   .venv/bin/python -m pytest -p no:cacheprovider -m embedded "$@"

@@ -191,3 +191,28 @@ def test_compose_passes_every_security_setting_through():
     for service in ("web", "worker"):
         environment = compose["services"][service]["environment"]
         assert set(SECURITY) <= set(environment), service
+
+
+def test_each_pytest_worker_has_its_own_redis_database_and_data_directory(settings):
+    """scripts/test.sh runs the PostgreSQL pass in pytest-xdist workers: the first keeps the
+    Redis database it was given, the others take those below it (above, when there is no
+    room), and this process's settings read what the plugin set."""
+    from hindsight.pytest_workers import _configure, own_redis
+
+    assert own_redis("redis://127.0.0.1:6379/15", 0) == "redis://127.0.0.1:6379/15"
+    assert own_redis("redis://127.0.0.1:6379/15", 1) == "redis://127.0.0.1:6379/14"
+    assert own_redis("redis://h:6379", 2) == "redis://h:6379/2"
+    assert own_redis("rediss://:pw@h:6380/1", 3) == "rediss://:pw@h:6380/4"
+    with pytest.raises(RuntimeError, match="worker 9"):
+        own_redis("redis://h/8", 9)
+    environ = {"PYTEST_XDIST_WORKER": "gw1", "CELERY_BROKER_URL": "redis://h/15",
+               "HINDSIGHT_DATA_DIR": "/data"}
+    _configure(environ)
+    assert environ == {"PYTEST_XDIST_WORKER": "gw1", "CELERY_BROKER_URL": "redis://h/14",
+                       "HINDSIGHT_DATA_DIR": "/data/gw1"}
+    alone = {"CELERY_BROKER_URL": "redis://h/15"}
+    _configure(alone)
+    assert alone == {"CELERY_BROKER_URL": "redis://h/15"}
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # the suite's own run: the plugin ran before the settings were read
+        assert settings.DATA_DIR.name == worker

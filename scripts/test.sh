@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole test suite: lint, then the PostgreSQL + Redis pass (including a real
-# Celery worker; one pytest-xdist worker per CPU), then the embedded pass (SQLite, in-process
+# Celery worker; pytest-xdist workers side by side), then the embedded pass (SQLite, in-process
 # tasks). Fails, never skips, when PostgreSQL or Redis is unreachable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +27,12 @@ except Exception as exc:
 PY
 
 .venv/bin/ruff check .
-# the PostgreSQL pass on every CPU (up to four), each pytest-xdist worker with a test database,
-# a Redis database and a data directory of its own (hindsight/pytest_workers.py)
-.venv/bin/python -m pytest -p no:cacheprovider -n auto --maxprocesses 4 "$@"
+# The PostgreSQL pass in pytest-xdist workers, each with a test database, a Redis database and a
+# data directory of its own (hindsight/pytest_workers.py): one more than the CPUs (up to five),
+# since a test waits for PostgreSQL, a browser or a worker process part of its time; an idle
+# worker takes tests from a busy one (worksteal), so that no long test is left queued at the end.
+workers=$(( $(nproc) + 1 ))
+.venv/bin/python -m pytest -p no:cacheprovider -n $(( workers > 5 ? 5 : workers )) \
+  --dist worksteal "$@"
 env -u DATABASE_URL -u CELERY_BROKER_URL HINDSIGHT_DATA_DIR="$data_dir/embedded" \
   .venv/bin/python -m pytest -p no:cacheprovider -m embedded "$@"

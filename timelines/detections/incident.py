@@ -704,34 +704,23 @@ def store_matches(incident_id: int, found: Matches) -> None:
             batch_size=5000)
 
 
-def replace_matches(cursor, incident_id: int, matched: dict[str, list[int]],
-                    event_ids: list[int] | None = None) -> None:
-    """PostgreSQL: the incident's matches (only those of the requests ``event_ids`` when
-    given: a stream's round) become ``matched`` (rule → event ids), deleting those that are no
-    longer and adding those that are new; those that stay are not written again. The insights
-    of a new upload find nearly every match of the last ones again, and writing a key back
-    where it was just deleted checks each against its dead row (the 355,000 matches of
-    500,000 requests: 3.3-3.6 s, against 0.8-1.0 s for a first COPY). The requests are a join
-    with their ids, probing the key per id whatever the table's statistics say: as
-    ``event_id = ANY(ids)``, unanalyzed matches (autovacuum off, or behind) were read whole and
-    each tested against a round's 8,000 ids (15 s a round at 400,000 matches)."""
+def replace_matches(cursor, incident_id: int, matched: dict[str, list[int]]) -> None:
+    """PostgreSQL: the incident's matches become ``matched`` (rule → event ids), deleting
+    those that are no longer and adding those that are new; those that stay are not written
+    again. The insights of a new upload find nearly every match of the last ones again, and
+    writing a key back where it was just deleted checks each against its dead row (the
+    355,000 matches of 500,000 requests: 3.3-3.6 s, against 0.8-1.0 s for a first COPY)."""
     from .models import DetectionMatch
 
     table = DetectionMatch._meta.db_table
     rules = list(matched)
-    requests, of_those, ids = "", "", []
-    if event_ids is not None:
-        requests, of_those, ids = ("unnest(%s::bigint[]) AS k(event_id)",
-                                   " AND d.event_id = k.event_id", [list(event_ids)])
     ((data,),) = packed.fetch(
-        "SELECT string_agg(int8send(d.event_id) || int8send(r.number), ''::bytea)"
+        "SELECT string_agg(int8send(event_id) || int8send(r.number), ''::bytea)"
         f" FROM {table} d JOIN unnest(%s::text[]) WITH ORDINALITY AS r(rule, number)"
-        f" USING (rule){', ' + requests if requests else ''}"
-        f" WHERE d.incident_id = %s{of_those}", [rules, *ids, incident_id])
+        " USING (rule) WHERE d.incident_id = %s", [rules, incident_id])
     # the matches of rules that are gone (a rules file removed, a rule renamed)
-    cursor.execute(f"DELETE FROM {table} d{' USING ' + requests if requests else ''}"
-                   f" WHERE d.incident_id = %s{of_those} AND NOT (d.rule = ANY(%s))",
-                   [*ids, incident_id, rules])
+    cursor.execute(f"DELETE FROM {table} WHERE incident_id = %s AND NOT (rule = ANY(%s))",
+                   [incident_id, rules])
     if not data:  # nothing stored of these rules: all of them are new
         copy_matches(cursor, incident_id, matched)
         return
